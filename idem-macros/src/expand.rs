@@ -1,0 +1,118 @@
+//! The expansion: keep the signature, hand the body to the runtime.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{ItemFn, ReturnType};
+
+use crate::args::{Args, Millis};
+
+/// Check that `item` can be made idempotent.
+pub fn check_fn(item: &ItemFn) -> syn::Result<()> {
+    let sig = &item.sig;
+    if let Some(constness) = sig.constness {
+        return Err(syn::Error::new(
+            constness.span,
+            "`#[idempotent]` cannot be used on a `const fn`: it claims a key in a store at run time",
+        ));
+    }
+    if sig.asyncness.is_none() {
+        return Err(syn::Error::new(
+            sig.fn_token.span,
+            "`#[idempotent]` works on `async fn` only: write `async fn` (the claim and the record are awaited)",
+        ));
+    }
+    Ok(())
+}
+
+/// The fn with its body replaced by claim → execute → record.
+pub fn expand(args: Args, item: ItemFn) -> TokenStream {
+    let ItemFn { attrs, vis, sig, block } = item;
+    let krate = args.krate.map_or_else(|| quote!(::idem), |path| path.into_token_stream());
+    let private = quote!(#krate::__private);
+
+    let ret = match &sig.output {
+        ReturnType::Type(_, ty) => ty.to_token_stream(),
+        ReturnType::Default => quote_spanned!(sig.paren_token.span.close()=> ()),
+    };
+    let ret_span = match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => sig.paren_token.span.close(),
+    };
+
+    let key = &args.key;
+    let key_stmt = quote_spanned!(key.span()=> let __idem_key = #private::key(&(#key)););
+    let biz = &args.biz;
+    let millis = |option: &str, value: &Option<Millis>| {
+        value.as_ref().map(|Millis(ms)| {
+            let setter = syn::Ident::new(option, Span::call_site());
+            quote!(.#setter(#private::Duration::from_millis(#ms)))
+        })
+    };
+    let ttl = millis("ttl", &args.ttl);
+    let lease = millis("lease", &args.lease);
+    let wait = millis("wait", &args.wait);
+    let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));
+    let on_error = args.on_error.map(|variant| quote!(.on_error(#krate::OnError::#variant)));
+    let payload = args.payload.map(|payload| {
+        quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));)
+    });
+    let (store_stmt, store_arg) = match args.store {
+        Some(store) => (
+            quote_spanned!(store.span()=> let __idem_store = #private::store(&(#store));),
+            quote!(::core::option::Option::Some(&*__idem_store)),
+        ),
+        None => (quote!(), quote!(::core::option::Option::None)),
+    };
+    let assert_return = quote_spanned!(ret_span=> #private::assert_return::<#ret>(););
+    let run = quote_spanned!(ret_span=> #private::run::<#ret, _>);
+
+    quote! {
+        #(#attrs)*
+        #vis #sig {
+            #key_stmt
+            let __idem_op = #krate::Idempotent::new(#biz) #ttl #lease #wait #mode #on_error;
+            #payload
+            #store_stmt
+            #assert_return
+            let __idem_body = async move {
+                // Fixes the block's return type before its first `?`, as async-trait does.
+                #[allow(unreachable_code)]
+                if let ::core::option::Option::Some(__idem_ret) = ::core::option::Option::None::<#ret> {
+                    return __idem_ret;
+                }
+                #block
+            };
+            #run(&__idem_op, #store_arg, __idem_key, __idem_body).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    #[test]
+    fn keeps_the_signature_and_claims_before_the_body() {
+        let args = Args::parse(quote!(key = "req.id", biz = "pay", ttl = "1h")).unwrap();
+        let item: ItemFn = syn::parse2(quote!(
+            pub async fn pay(&self, req: Req) -> Result<u32, E> { Ok(req.amount) }
+        ))
+        .unwrap();
+        let out = expand(args, item).to_string();
+        assert!(out.starts_with("pub async fn pay (& self , req : Req) -> Result < u32 , E >"));
+        let key_at = out.find("__private :: key (& (req . id))").unwrap();
+        let body_at = out.find("Ok (req . amount)").unwrap();
+        assert!(key_at < body_at);
+        assert!(out.contains("Duration :: from_millis (3600000u64)"));
+    }
+
+    #[test]
+    fn refuses_sync_and_const_fns() {
+        let sync: ItemFn = syn::parse2(quote!(fn f() -> Result<(), E> { Ok(()) })).unwrap();
+        assert!(check_fn(&sync).unwrap_err().to_string().contains("`async fn` only"));
+        let konst: ItemFn = syn::parse2(quote!(const fn f() -> Result<(), E> { Ok(()) })).unwrap();
+        assert!(check_fn(&konst).unwrap_err().to_string().contains("`const fn`"));
+    }
+}

@@ -1,0 +1,175 @@
+//! What `#[idempotent]` expands to. Not a public API: names here may change in any
+//! release. The traits carry `#[diagnostic::on_unimplemented]` so that a misuse of the
+//! attribute is reported in plain words at the user's tokens.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::ops::Deref;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::{Error, IdempotencyStore, Idempotent};
+
+/// The return type of an `#[idempotent]` fn.
+#[diagnostic::on_unimplemented(
+    message = "an `#[idempotent]` fn must return `Result<T, E>`, not `{Self}`",
+    label = "this return type is not a `Result`",
+    note = "the `Ok` value is what duplicates get replayed; return `Result<{Self}, YourError>`"
+)]
+pub trait IdempotentReturn: Sized {
+    /// The `Ok` type.
+    type Ok;
+    /// The `Err` type.
+    type Err;
+    /// Into a plain `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+    /// From a plain `Result`.
+    fn from_result(result: Result<Self::Ok, Self::Err>) -> Self;
+}
+
+impl<T, E> IdempotentReturn for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+    fn into_result(self) -> Self {
+        self
+    }
+    fn from_result(result: Self) -> Self {
+        result
+    }
+}
+
+/// The `Ok` type of an `#[idempotent]` fn: stored as JSON and replayed.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored and replayed by `#[idempotent]`",
+    label = "the `Ok` type must implement `Serialize` and `DeserializeOwned`",
+    note = "add `#[derive(serde::Serialize, serde::Deserialize)]` to `{Self}`"
+)]
+pub trait Replayable: Serialize + DeserializeOwned {}
+impl<T: Serialize + DeserializeOwned> Replayable for T {}
+
+/// The `Err` type of an `#[idempotent]` fn: must hold the library's own errors.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry an `idem::Error`",
+    label = "the error type must implement `From<idem::Error>`",
+    note = "add `impl From<idem::Error> for {Self}` (or a `#[from] idem::Error` variant with thiserror)"
+)]
+pub trait CarriesIdemError: From<Error> {}
+impl<E: From<Error>> CarriesIdemError for E {}
+
+/// The value of `key = ...`.
+#[diagnostic::on_unimplemented(
+    message = "the idempotency key must implement `Display`, and `{Self}` does not",
+    label = "`key = ...` must evaluate to something printable",
+    note = "use a field that is a string or a number, or build one with `format!(..)`"
+)]
+pub trait KeyValue {
+    /// The key as text.
+    fn key_string(&self) -> String;
+}
+impl<K: Display + ?Sized> KeyValue for K {
+    fn key_string(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// The value of `payload = ...`.
+#[diagnostic::on_unimplemented(
+    message = "the payload `{Self}` must implement `Serialize` to be fingerprinted",
+    label = "`payload = ...` must evaluate to a `Serialize` value"
+)]
+pub trait PayloadValue: Serialize {}
+impl<P: Serialize + ?Sized> PayloadValue for P {}
+
+/// A store named by `store = ...`, borrowed or shared.
+pub enum StoreHandle<'a> {
+    /// From `&S`.
+    Borrowed(&'a dyn IdempotencyStore),
+    /// From `Arc<S>` or `Arc<dyn IdempotencyStore>` (a clone of the `Arc`, so the
+    /// expression's owner is not borrowed while the body runs).
+    Shared(Arc<dyn IdempotencyStore>),
+}
+
+impl Deref for StoreHandle<'_> {
+    type Target = dyn IdempotencyStore;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            StoreHandle::Borrowed(store) => *store,
+            StoreHandle::Shared(store) => &**store,
+        }
+    }
+}
+
+/// The value of `store = ...`.
+#[diagnostic::on_unimplemented(
+    message = "`store = ...` must be `&S`, `Arc<S>` or `Arc<dyn IdempotencyStore>`, not `{Self}`",
+    label = "not a reference to or `Arc` of an `IdempotencyStore`",
+    note = "borrow the store (`store = &self.store`) or pass an `Arc` of it"
+)]
+pub trait StoreValue<'a> {
+    /// The store to run on.
+    fn handle(&self) -> StoreHandle<'a>;
+}
+
+impl<'a, S: IdempotencyStore> StoreValue<'a> for &'a S {
+    fn handle(&self) -> StoreHandle<'a> {
+        StoreHandle::Borrowed(*self)
+    }
+}
+impl<'a> StoreValue<'a> for &'a dyn IdempotencyStore {
+    fn handle(&self) -> StoreHandle<'a> {
+        StoreHandle::Borrowed(*self)
+    }
+}
+impl<S: IdempotencyStore> StoreValue<'_> for Arc<S> {
+    fn handle(&self) -> StoreHandle<'static> {
+        StoreHandle::Shared(self.clone())
+    }
+}
+impl StoreValue<'_> for Arc<dyn IdempotencyStore> {
+    fn handle(&self) -> StoreHandle<'static> {
+        StoreHandle::Shared(self.clone())
+    }
+}
+
+/// Evaluate `key = ...` (by reference).
+pub fn key<K: KeyValue + ?Sized>(key: &K) -> String {
+    key.key_string()
+}
+
+/// Add `payload = ...` (by reference) to the operation.
+pub fn payload<P: PayloadValue + ?Sized>(op: Idempotent, payload: &P) -> Idempotent {
+    op.payload(payload)
+}
+
+/// Evaluate `store = ...` (by reference).
+pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
+    store.handle()
+}
+
+/// Check the return type of the fn (spanned on it by the macro).
+pub const fn assert_return<R>()
+where
+    R: IdempotentReturn,
+    R::Ok: Replayable,
+    R::Err: CarriesIdemError,
+{
+}
+
+/// Run the body of an `#[idempotent]` fn.
+pub async fn run<R, F>(op: &Idempotent, store: Option<&dyn IdempotencyStore>, key: String, body: F) -> R
+where
+    R: IdempotentReturn,
+    R::Ok: Replayable,
+    R::Err: CarriesIdemError,
+    F: Future<Output = R>,
+{
+    let body = async move { body.await.into_result() };
+    R::from_result(match store {
+        Some(store) => op.execute_on(store, key, body).await,
+        None => op.execute(key, body).await,
+    })
+}
+
+pub use std::time::Duration;

@@ -1,0 +1,168 @@
+//! Claiming a key: the request, its outcome, and the rule that decides between them.
+//!
+//! The rule lives here, in plain Rust, so that every store implements the same thing:
+//! [`MemoryStore`](crate::MemoryStore) applies it under a lock, the SQL stores encode it
+//! in the `WHERE` of one upsert statement, and the model tests compare both to it.
+
+use std::time::{Duration, SystemTime};
+
+use crate::record::{Record, Status};
+
+/// A request to claim `(biz, key)` for one execution.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Claim<'a> {
+    /// Business namespace.
+    pub biz: &'a str,
+    /// Idempotency key (already validated).
+    pub key: &'a str,
+    /// Payload fingerprint, when the call declared a payload.
+    pub fingerprint: Option<&'a str>,
+    /// Optional copy of the request, stored for reconciliation.
+    pub request_body: Option<&'a str>,
+    /// The instant of the claim; stores compare leases and expiry against it.
+    pub now: SystemTime,
+    /// How long the granted lease lasts before a retry may take it over.
+    pub lease: Duration,
+    /// How long the record answers duplicates; a claim is kept at least this long.
+    pub ttl: Duration,
+}
+
+impl<'a> Claim<'a> {
+    /// A claim of `(biz, key)` at `now` for `lease`, kept for `ttl`.
+    pub fn new(biz: &'a str, key: &'a str, now: SystemTime, lease: Duration, ttl: Duration) -> Self {
+        Self {
+            biz,
+            key,
+            fingerprint: None,
+            request_body: None,
+            now,
+            lease,
+            ttl,
+        }
+    }
+
+    /// The same claim carrying a payload fingerprint.
+    pub fn with_fingerprint(mut self, fingerprint: Option<&'a str>) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// The same claim carrying a copy of the request.
+    pub fn with_request_body(mut self, request_body: Option<&'a str>) -> Self {
+        self.request_body = request_body;
+        self
+    }
+
+    /// End of the lease this claim would be granted.
+    pub fn lease_until(&self) -> SystemTime {
+        self.now + self.lease
+    }
+
+    /// Expiry of a record claimed now: `ttl` from now, and never before the lease ends.
+    pub fn expires_at(&self) -> SystemTime {
+        self.now + self.ttl.max(self.lease)
+    }
+
+    /// The rule of DESIGN §3.2: may this claim take `existing`?
+    ///
+    /// Yes when the record expired, or when it is `Processing` with a lapsed lease and
+    /// the payloads do not contradict each other (a takeover). Never for a finished
+    /// record that has not expired, nor for a `Processing` record without a lease.
+    pub fn admits(&self, existing: &Record) -> bool {
+        if existing.is_expired(self.now) {
+            return true;
+        }
+        existing.lease_lapsed(self.now) && fingerprints_agree(existing.fingerprint.as_deref(), self.fingerprint)
+    }
+
+    /// The record a granted claim leaves behind. A fresh record starts at fence 1; a
+    /// re-claim after expiry begins a new life (new `created_at`); a takeover keeps
+    /// the life and its `created_at`. Both increment the fence.
+    pub fn granted(&self, existing: Option<&Record>) -> Record {
+        let (fence, created_at, fingerprint) = match existing {
+            None => (1, self.now, self.fingerprint.map(str::to_owned)),
+            Some(old) if old.is_expired(self.now) => (old.fence + 1, self.now, self.fingerprint.map(str::to_owned)),
+            Some(old) => (
+                old.fence + 1,
+                old.created_at,
+                self.fingerprint.map(str::to_owned).or_else(|| old.fingerprint.clone()),
+            ),
+        };
+        Record {
+            biz: self.biz.to_owned(),
+            key: self.key.to_owned(),
+            status: Status::Processing,
+            fence,
+            fingerprint,
+            request_body: self.request_body.map(str::to_owned),
+            response_body: None,
+            error_message: None,
+            lease_until: Some(self.lease_until()),
+            created_at,
+            completed_at: None,
+            expires_at: self.expires_at(),
+        }
+    }
+}
+
+/// Two fingerprints contradict each other only when both are present and differ: a
+/// record written by a call that declared no payload cannot be checked.
+pub fn fingerprints_agree(stored: Option<&str>, offered: Option<&str>) -> bool {
+    match (stored, offered) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
+/// What a claim came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key is ours: run the body, then write through this lease.
+    Acquired(Lease),
+    /// A live record exists and was not taken over; here it is.
+    Existing(Record),
+}
+
+/// Proof of holding a claim. Every write of the holder names it, and a store applies
+/// the write only while the record still carries the same fence and life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Business namespace.
+    pub biz: String,
+    /// Idempotency key.
+    pub key: String,
+    /// The fence granted by the claim.
+    pub fence: u64,
+    /// `created_at` of the record's life the claim belongs to. Together with the fence
+    /// it tells this holder from the holder of a record purged and created again.
+    pub created_at: SystemTime,
+}
+
+impl Lease {
+    /// The lease a granted `record` stands for.
+    pub fn of(record: &Record) -> Self {
+        Self {
+            biz: record.biz.clone(),
+            key: record.key.clone(),
+            fence: record.fence,
+            created_at: record.created_at,
+        }
+    }
+
+    /// Whether `record` is still held under this lease (same life, same fence, still
+    /// `Processing`).
+    pub fn holds(&self, record: &Record) -> bool {
+        record.status == Status::Processing && record.fence == self.fence && record.created_at == self.created_at
+    }
+}
+
+/// Whether a holder's write was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum FenceCheck {
+    /// The record still carried this holder's fence; the write is done.
+    Held,
+    /// The record was taken over (or is gone); the write changed nothing.
+    Lost,
+}

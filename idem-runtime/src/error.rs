@@ -1,0 +1,167 @@
+//! The errors an idempotent call can end with.
+
+use std::error::Error as StdError;
+
+/// Why an idempotent call did not run its body, or could not record its outcome.
+///
+/// Every variant that concerns one record names its `biz` and `key`, so a log line is
+/// enough to find the row in the `idempotent_record` table. The enum is
+/// non-exhaustive: match the variants you act on and keep a fallback arm.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is empty, longer than 255 bytes or holds control characters.
+    /// The body did not run.
+    #[error("invalid idempotency key {key:?} for biz `{biz}`: {reason}")]
+    InvalidKey {
+        /// Business namespace of the call.
+        biz: String,
+        /// The key as given (may be long; `Debug`-escaped in the message).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The business namespace is empty, longer than 64 characters or holds control
+    /// characters. Only reachable through the builder: the attribute checks `biz` at
+    /// compile time.
+    #[error("invalid biz {biz:?}: {reason}")]
+    InvalidBiz {
+        /// The namespace as given.
+        biz: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A call with the same key is still running (and `wait` was not set, or ran out).
+    #[error("biz `{biz}` key `{key}` is still being processed by an earlier call")]
+    InProgress {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
+    /// The key already succeeded and the mode is `Reject`.
+    #[error("duplicate request: biz `{biz}` key `{key}` has already succeeded")]
+    Duplicate {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
+    /// The key was first used with another payload.
+    #[error("biz `{biz}` key `{key}` was first used with a different payload")]
+    PayloadMismatch {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
+    /// The first call with this key failed and `on_error = Record` kept that outcome.
+    #[error("biz `{biz}` key `{key}` failed before and the failure is recorded: {message}")]
+    PreviousFailed {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+        /// The recorded `error_message`.
+        message: String,
+    },
+    /// This call's claim was taken over after its lease lapsed; its write was refused
+    /// by the fence and changed nothing. The body did run.
+    #[error(
+        "lease lost: biz `{biz}` key `{key}` was taken over after the lease of fence {fence} lapsed; \
+         this call's {operation} changed nothing"
+    )]
+    LeaseLost {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+        /// The fence this call held.
+        fence: u64,
+        /// The refused write: `complete`, `fail` or `release`.
+        operation: &'static str,
+    },
+    /// The store could not be reached or answered with an error. If this happened on
+    /// claim, the body did not run (fail closed).
+    #[error("store failed to {operation} biz `{biz}` key `{key}`: {source}")]
+    Store {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+        /// The store operation: `claim`, `renew`, `complete`, `fail`, `release`, `get`.
+        operation: &'static str,
+        /// The cause, as the backend reported it.
+        #[source]
+        source: StoreError,
+    },
+    /// The payload or the body's `Ok` value could not be serialized to JSON.
+    #[error("could not encode the {what} of biz `{biz}` key `{key}`: {source}")]
+    Encode {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+        /// `payload` or `response`.
+        what: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The stored response no longer deserializes into the function's `Ok` type (the
+    /// type changed between deploys, or the row was edited). The record is kept.
+    #[error("could not decode the stored response of biz `{biz}` key `{key}`: {source}")]
+    Decode {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+        /// The deserializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// No `store =` was given and no default store was installed with [`install`](crate::install).
+    #[error("no idempotency store for biz `{biz}`: call `idem::install(store)` at start-up or pass `store = ...`")]
+    NoStore {
+        /// Business namespace.
+        biz: String,
+    },
+}
+
+/// A backend's failure, independent of any backend crate.
+///
+/// Stores wrap their driver's error in it with [`StoreError::with_source`]; the
+/// original stays reachable through [`std::error::Error::source`].
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StoreError {
+    message: String,
+    #[source]
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl StoreError {
+    /// A failure described by `message` alone.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A failure described by `message`, caused by `source`.
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The message, without the source.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}

@@ -1,0 +1,52 @@
+//! Runtime of [`idem`](https://docs.rs/idem): the store trait, the in-memory store, the
+//! executor behind `#[idempotent]`, errors and the task-local context.
+//!
+//! Applications depend on the `idem` facade, which re-exports everything here; store
+//! crates depend on this crate alone.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idem_runtime::{Idempotent, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_runtime::Error> {
+//! let pay = Idempotent::new("pay").store(Arc::new(MemoryStore::new()));
+//! let receipt: String = pay.execute("req-1", async { Ok::<_, idem_runtime::Error>("r-1".to_owned()) }).await?;
+//! assert_eq!(receipt, "r-1");
+//! # Ok(()) }
+//! ```
+//!
+//! Why the dependencies: `async-trait` makes the store trait dyn-compatible
+//! (`Arc<dyn IdempotencyStore>`), which native async trait methods are not;
+//! `sha2` computes payload fingerprints; `tokio` provides the task-local context and the
+//! timers of the heartbeat and of `wait`.
+
+mod claim;
+mod clock;
+mod context;
+mod default_store;
+mod error;
+mod executor;
+mod fingerprint;
+mod heartbeat;
+mod key;
+mod memory;
+mod policy;
+mod record;
+mod store;
+pub mod sweeper;
+
+#[doc(hidden)]
+pub mod __private;
+
+pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
+pub use clock::now;
+pub use context::{context, Context};
+pub use default_store::{install, installed, SharedStore};
+pub use error::{Error, StoreError};
+pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL};
+pub use fingerprint::fingerprint;
+pub use key::{biz_problem, key_problem, MAX_BIZ_CHARS, MAX_KEY_BYTES};
+pub use memory::MemoryStore;
+pub use policy::{Mode, OnError};
+pub use record::{Record, Status, UnknownStatus};
+pub use store::IdempotencyStore;

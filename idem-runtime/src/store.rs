@@ -1,0 +1,85 @@
+//! The store trait every backend implements.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
+use crate::error::StoreError;
+use crate::record::Record;
+
+/// Where idempotency records live.
+///
+/// Dyn-compatible (`Arc<dyn IdempotencyStore>` works) and independent of any backend.
+/// Every instant is passed in by the caller rather than read from the store's clock,
+/// so all stores share one notion of time and tests can move it.
+///
+/// Implementations must make [`claim`](Self::claim) atomic (one statement, no
+/// read-then-write window) and apply [`Claim::admits`] and [`Claim::granted`] exactly;
+/// every holder write must match [`Lease::holds`].
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync + Debug + 'static {
+    /// Claim `(biz, key)`: insert a `Processing` record, take over an expired one or a
+    /// lapsed lease, or return the live record that stands in the way.
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError>;
+
+    /// Extend the holder's lease to `now + lease`.
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError>;
+
+    /// Record `Succeeded` with `response` (JSON), expiring at `now + ttl`.
+    async fn complete(&self, lease: &Lease, response: &str, now: SystemTime, ttl: Duration)
+        -> Result<FenceCheck, StoreError>;
+
+    /// Record `Failed` with `message`, expiring at `now + ttl`.
+    async fn fail(&self, lease: &Lease, message: &str, now: SystemTime, ttl: Duration)
+        -> Result<FenceCheck, StoreError>;
+
+    /// Delete the holder's record so that a retry runs again.
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError>;
+
+    /// The record of `(biz, key)` as stored, expired or not.
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError>;
+
+    /// Delete at most `limit` records that expired at `now`, never a `Processing`
+    /// record whose lease is still running. Returns how many were deleted.
+    async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError>;
+}
+
+#[async_trait]
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        (**self).claim(claim).await
+    }
+
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+        (**self).renew(lease, now, lease_for).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        (**self).complete(lease, response, now, ttl).await
+    }
+
+    async fn fail(&self, lease: &Lease, message: &str, now: SystemTime, ttl: Duration) -> Result<FenceCheck, StoreError> {
+        (**self).fail(lease, message, now, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        (**self).release(lease).await
+    }
+
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        (**self).get(biz, key).await
+    }
+
+    async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        (**self).purge_expired(now, limit).await
+    }
+}
