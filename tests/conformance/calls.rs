@@ -1,0 +1,188 @@
+//! The decorated functions the scenarios call. Each takes the store as a parameter
+//! (`store = store`) and counts its executions, so a test can tell a replay from a run.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{idempotent, IdempotencyStore};
+use serde::{Deserialize, Serialize};
+
+pub type Store = Arc<dyn IdempotencyStore>;
+
+/// The application's error type: its own failures plus idem's.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    #[error("the bank declined: {0}")]
+    Declined(String),
+}
+
+impl AppError {
+    /// The idem error inside, or a panic naming what came instead.
+    pub fn idem(self) -> idem::Error {
+        match self {
+            AppError::Idem(error) => error,
+            other => panic!("expected an idem error, got {other:?}"),
+        }
+    }
+}
+
+/// Counts how often a body ran.
+#[derive(Debug, Default)]
+pub struct Runs(AtomicU32);
+
+impl Runs {
+    pub fn hit(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+    pub fn count(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub charge_no: u32,
+    pub cents: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Order {
+    pub id: String,
+    pub cents: u64,
+    pub lines: Vec<(String, u32)>,
+}
+
+/// A charge that takes `delay` at the bank.
+#[idempotent(key = key, biz = "conformance.pay", store = store, wait = "10s")]
+pub async fn pay_waiting(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
+    tokio::time::sleep(delay).await;
+    Ok(Receipt { charge_no: runs.hit(), cents: 199 })
+}
+
+#[idempotent(key = key, biz = "conformance.pay", store = store)]
+pub async fn pay(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
+    tokio::time::sleep(delay).await;
+    Ok(Receipt { charge_no: runs.hit(), cents: 199 })
+}
+
+#[idempotent(key = key, biz = "conformance.pay", store = store, mode = Reject)]
+pub async fn pay_rejecting(store: &Store, key: &str, runs: &Runs) -> Result<Receipt, AppError> {
+    Ok(Receipt { charge_no: runs.hit(), cents: 199 })
+}
+
+#[idempotent(key = "order.id", biz = "conformance.order", store = store, payload = order)]
+pub async fn place(store: &Store, order: Order, runs: &Runs, delay: Duration) -> Result<u64, AppError> {
+    tokio::time::sleep(delay).await;
+    runs.hit();
+    Ok(order.cents)
+}
+
+#[idempotent(key = key, biz = "conformance.flaky", store = store)]
+pub async fn flaky_release(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
+    let n = runs.hit();
+    if fail {
+        return Err(AppError::Declined(format!("attempt {n}")));
+    }
+    Ok(n)
+}
+
+#[idempotent(key = key, biz = "conformance.flaky", store = store, on_error = Record)]
+pub async fn flaky_record(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
+    let n = runs.hit();
+    if fail {
+        Err(AppError::Declined(format!("attempt {n}")))?;
+    }
+    Ok(n)
+}
+
+#[idempotent(key = key, biz = "conformance.short", store = store, ttl = "300ms")]
+pub async fn short_lived(store: &Store, key: &str, runs: &Runs) -> Result<(u32, u64), AppError> {
+    Ok((runs.hit(), idem::context().expect("inside a call").fence()))
+}
+
+/// A body that can outlive its 300 ms lease (heartbeat on), reporting its fence.
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+pub async fn leased(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<(u32, u64), AppError> {
+    tokio::time::sleep(delay).await;
+    Ok((runs.hit(), idem::context().expect("inside a call").fence()))
+}
+
+/// A leased body that blocks its whole thread, heartbeat included, as a paused process
+/// would; then returns `outcome`.
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", on_error = Record)]
+pub async fn frozen(store: &Store, key: &str, freeze: Duration, outcome: Result<u32, String>) -> Result<(u32, u64), AppError> {
+    std::thread::sleep(freeze);
+    outcome
+        .map(|n| (n, 0))
+        .map_err(AppError::Declined)
+}
+
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+pub async fn frozen_release(store: &Store, key: &str, freeze: Duration) -> Result<(u32, u64), AppError> {
+    std::thread::sleep(freeze);
+    Err(AppError::Declined("gave up".into()))
+}
+
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+pub async fn panicking(store: &Store, key: &str) -> Result<(u32, u64), AppError> {
+    panic!("the body panicked")
+}
+
+#[idempotent(key = key, biz = "conformance.a", store = store)]
+pub async fn in_biz_a(store: &Store, key: &str) -> Result<String, AppError> {
+    Ok("a".into())
+}
+
+#[idempotent(key = key, biz = "conformance.b", store = store)]
+pub async fn in_biz_b(store: &Store, key: &str) -> Result<String, AppError> {
+    Ok("b".into())
+}
+
+/// Values that JSON round trips tend to get wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Shape {
+    Nothing,
+    Circle { r: f64 },
+    Nested(Option<Box<Shape>>),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Awkward {
+    pub none: Option<u8>,
+    pub zero: i64,
+    pub no: bool,
+    pub empty: Vec<String>,
+    pub big: u64,
+    pub small: i64,
+    pub float: f64,
+    pub shapes: Vec<Shape>,
+    pub text: String,
+}
+
+#[idempotent(key = key, biz = "conformance.types", store = store)]
+pub async fn echo(store: &Store, key: &str, value: Awkward, runs: &Runs) -> Result<Awkward, AppError> {
+    runs.hit();
+    Ok(value)
+}
+
+#[idempotent(key = key, biz = "conformance.types", store = store)]
+pub async fn echo_unit(store: &Store, key: &str, runs: &Runs) -> Result<Option<()>, AppError> {
+    runs.hit();
+    Ok(None)
+}
+
+/// Asks for a different `Ok` type on an existing key, as a changed deploy would.
+#[idempotent(key = key, biz = "conformance.pay", store = store)]
+pub async fn pay_v2(store: &Store, key: &str, runs: &Runs) -> Result<Vec<String>, AppError> {
+    runs.hit();
+    Ok(vec![])
+}
+
+#[idempotent(key = key, biz = "conformance.context", store = store)]
+pub async fn notify(store: &Store, key: &str) -> Result<(String, String, u64, String), AppError> {
+    let context = idem::context().expect("the body runs inside a context");
+    Ok((context.biz().to_owned(), context.key().to_owned(), context.fence(), context.effect_key("sms")))
+}
