@@ -16,7 +16,10 @@ async fn pay(id: u32, runs: &AtomicU32) -> Result<u32, idem::Error> {
 async fn no_store_before_install_then_the_installed_store() {
     let runs = AtomicU32::new(0);
     let error = pay(1, &runs).await.unwrap_err();
-    assert!(matches!(&error, idem::Error::NoStore { biz } if biz == "install.pay"), "{error:?}");
+    assert!(
+        matches!(&error, idem::Error::NoStore { biz } if biz == "install.pay"),
+        "{error:?}"
+    );
     assert!(error.to_string().contains("idem::install"));
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the body did not run");
 
@@ -24,5 +27,8 @@ async fn no_store_before_install_then_the_installed_store() {
     assert!(idem::install(store.clone()).is_none());
     assert_eq!(pay(1, &runs).await.unwrap(), 1);
     assert_eq!(pay(1, &runs).await.unwrap(), 1);
-    assert_eq!(store.get("install.pay", "1").await.unwrap().unwrap().fence, 1);
+    assert_eq!(
+        store.get("install.pay", "1").await.unwrap().unwrap().fence,
+        1
+    );
 }

@@ -9,7 +9,9 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 10] = ["key", "biz", "ttl", "mode", "lease", "on_error", "wait", "payload", "store", "crate"];
+const OPTIONS: [&str; 10] = [
+    "key", "biz", "ttl", "mode", "lease", "on_error", "wait", "payload", "store", "crate",
+];
 const MAX_BIZ_CHARS: usize = 64;
 
 /// A duration option: its value in milliseconds.
@@ -42,7 +44,10 @@ impl Parse for RawOption {
         // `Ident::parse_any` so that the keyword `crate` is accepted as a name.
         let name = Ident::parse_any(input)?;
         input.parse::<Token![=]>().map_err(|e| {
-            syn::Error::new(e.span(), format!("expected `=` after `{name}`: options are written `{name} = value`"))
+            syn::Error::new(
+                e.span(),
+                format!("expected `=` after `{name}`: options are written `{name} = value`"),
+            )
         })?;
         let value = input.parse()?;
         Ok(Self { name, value })
@@ -61,8 +66,14 @@ impl Args {
                 return Err(unknown_option(&option.name));
             }
             if let Some(first) = seen.iter().find(|seen| **seen == option.name) {
-                let mut error = syn::Error::new(option.name.span(), format!("option `{name}` is given twice; keep one"));
-                error.combine(syn::Error::new(first.span(), format!("`{name}` is first given here")));
+                let mut error = syn::Error::new(
+                    option.name.span(),
+                    format!("option `{name}` is given twice; keep one"),
+                );
+                error.combine(syn::Error::new(
+                    first.span(),
+                    format!("`{name}` is first given here"),
+                ));
                 return Err(error);
             }
             builder.set(&name, option.value)?;
@@ -95,7 +106,9 @@ impl Builder {
             "lease" => self.lease = Some(duration("lease", &value)?),
             "wait" => self.wait = Some(duration("wait", &value)?),
             "mode" => self.mode = Some(variant("mode", &value, &["ReturnFirst", "Reject"])?),
-            "on_error" => self.on_error = Some(variant("on_error", &value, &["Release", "Record"])?),
+            "on_error" => {
+                self.on_error = Some(variant("on_error", &value, &["Release", "Record"])?)
+            }
             "payload" => self.payload = Some(value),
             "store" => self.store = Some(value),
             _ => self.krate = Some(crate_path(value)?),
@@ -107,11 +120,15 @@ impl Builder {
         let missing = |name: &str, example: &str| {
             syn::Error::new(
                 Span::call_site(),
-                format!("missing option `{name}`: add `{name} = {example}` to `#[idempotent(...)]`"),
+                format!(
+                    "missing option `{name}`: add `{name} = {example}` to `#[idempotent(...)]`"
+                ),
             )
         };
         Ok(Args {
-            key: self.key.ok_or_else(|| missing("key", "\"req.request_id\""))?,
+            key: self
+                .key
+                .ok_or_else(|| missing("key", "\"req.request_id\""))?,
             biz: self.biz.ok_or_else(|| missing("biz", "\"pay\""))?,
             ttl: self.ttl,
             lease: self.lease,
@@ -138,13 +155,18 @@ fn unknown_option(name: &Ident) -> syn::Error {
     };
     syn::Error::new(
         name.span(),
-        format!("unknown option `{given}`: {suggestion}the options are {}", OPTIONS.join(", ")),
+        format!(
+            "unknown option `{given}`: {suggestion}the options are {}",
+            OPTIONS.join(", ")
+        ),
     )
 }
 
 fn string_literal(value: &Expr) -> Option<&LitStr> {
     match value {
-        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => Some(lit),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => Some(lit),
         _ => None,
     }
 }
@@ -171,14 +193,19 @@ fn key_expr(value: Expr) -> syn::Result<Expr> {
 
 fn biz(value: Expr) -> syn::Result<LitStr> {
     let Some(lit) = string_literal(&value) else {
-        return Err(syn::Error::new(value.span(), "`biz` must be a string literal, e.g. `biz = \"pay\"`"));
+        return Err(syn::Error::new(
+            value.span(),
+            "`biz` must be a string literal, e.g. `biz = \"pay\"`",
+        ));
     };
     let text = lit.value();
     let chars = text.chars().count();
     let problem = if chars == 0 {
         Some("`biz` is empty: name the business namespace, e.g. `biz = \"pay\"`".to_owned())
     } else if chars > MAX_BIZ_CHARS {
-        Some(format!("`biz` is {chars} characters long; the limit is {MAX_BIZ_CHARS}"))
+        Some(format!(
+            "`biz` is {chars} characters long; the limit is {MAX_BIZ_CHARS}"
+        ))
     } else if text.chars().any(char::is_control) {
         Some("`biz` contains a control character".to_owned())
     } else {
@@ -198,21 +225,38 @@ fn duration(name: &str, value: &Expr) -> syn::Result<Millis> {
         ));
     };
     match parse_millis(&lit.value()) {
-        Ok(0) => Err(syn::Error::new(lit.span(), format!("`{name}` must be positive: use at least \"1ms\""))),
+        Ok(0) => Err(syn::Error::new(
+            lit.span(),
+            format!("`{name}` must be positive: use at least \"1ms\""),
+        )),
         Ok(millis) => Ok(Millis(millis)),
-        Err(problem) => Err(syn::Error::new(lit.span(), format!("bad `{name}`: {problem}"))),
+        Err(problem) => Err(syn::Error::new(
+            lit.span(),
+            format!("bad `{name}`: {problem}"),
+        )),
     }
 }
 
 /// `mode = ReturnFirst` (or `Mode::ReturnFirst`): one of `allowed`, by its last segment.
 fn variant(name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
-    let expected = allowed.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(" or ");
+    let expected = allowed
+        .iter()
+        .map(|v| format!("`{v}`"))
+        .collect::<Vec<_>>()
+        .join(" or ");
     let ident = match value {
-        Expr::Path(path) => path.path.segments.last().map(|segment| segment.ident.clone()),
+        Expr::Path(path) => path
+            .path
+            .segments
+            .last()
+            .map(|segment| segment.ident.clone()),
         _ => None,
     };
     let Some(ident) = ident else {
-        return Err(syn::Error::new(value.span(), format!("`{name}` must be {expected}")));
+        return Err(syn::Error::new(
+            value.span(),
+            format!("`{name}` must be {expected}"),
+        ));
     };
     if allowed.iter().any(|v| ident == v) {
         return Ok(ident);
@@ -232,7 +276,9 @@ fn variant(name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
 fn crate_path(value: Expr) -> syn::Result<Path> {
     match value {
         Expr::Path(path) if path.qself.is_none() => Ok(path.path),
-        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => lit.parse(),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => lit.parse(),
         other => Err(syn::Error::new(
             other.span(),
             "`crate` must be a path to the idem crate, e.g. `crate = ::my_idem`",
@@ -255,8 +301,16 @@ mod tests {
     #[test]
     fn reads_every_option() {
         let args = Args::parse(quote!(
-            key = "req.id", biz = "pay", ttl = "1h30m", mode = Reject, lease = "10s",
-            on_error = Record, wait = "2s", payload = req, store = &self.store, crate = ::idem
+            key = "req.id",
+            biz = "pay",
+            ttl = "1h30m",
+            mode = Reject,
+            lease = "10s",
+            on_error = Record,
+            wait = "2s",
+            payload = req,
+            store = &self.store,
+            crate = ::idem
         ))
         .unwrap();
         assert_eq!(args.biz.value(), "pay");
@@ -272,7 +326,9 @@ mod tests {
         assert!(error_of(quote!(key = "a", key = "b", biz = "c")).contains("given twice"));
         assert!(error_of(quote!(biz = "b")).contains("missing option `key`"));
         assert!(error_of(quote!(key = "a", biz = "b", ttl = "0s")).contains("must be positive"));
-        assert!(error_of(quote!(key = "a", biz = "b", mode = Rejct)).contains("did you mean `Reject`?"));
+        assert!(
+            error_of(quote!(key = "a", biz = "b", mode = Rejct)).contains("did you mean `Reject`?")
+        );
         assert!(error_of(quote!(key = "a +", biz = "b")).contains("is not a Rust expression"));
     }
 }

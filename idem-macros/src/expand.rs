@@ -1,6 +1,6 @@
 //! The expansion: keep the signature, hand the body to the runtime.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{ItemFn, ReturnType};
@@ -27,8 +27,15 @@ pub fn check_fn(item: &ItemFn) -> syn::Result<()> {
 
 /// The fn with its body replaced by claim → execute → record.
 pub fn expand(args: Args, item: ItemFn) -> TokenStream {
-    let ItemFn { attrs, vis, sig, block } = item;
-    let krate = args.krate.map_or_else(|| quote!(::idem), |path| path.into_token_stream());
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+    } = item;
+    let krate = args
+        .krate
+        .map_or_else(|| quote!(::idem), |path| path.into_token_stream());
     let private = quote!(#krate::__private);
 
     let ret = match &sig.output {
@@ -52,29 +59,37 @@ pub fn expand(args: Args, item: ItemFn) -> TokenStream {
     let ttl = millis("ttl", &args.ttl);
     let lease = millis("lease", &args.lease);
     let wait = millis("wait", &args.wait);
-    let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));
-    let on_error = args.on_error.map(|variant| quote!(.on_error(#krate::OnError::#variant)));
+    let mode = args
+        .mode
+        .map(|variant| quote!(.mode(#krate::Mode::#variant)));
+    let on_error = args
+        .on_error
+        .map(|variant| quote!(.on_error(#krate::OnError::#variant)));
     let payload = args.payload.map(|payload| {
         quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));)
     });
     let (store_stmt, store_arg) = match args.store {
         Some(store) => (
             quote_spanned!(store.span()=> let __idem_store = #private::store(&(#store));),
-            quote!(::core::option::Option::Some(&*__idem_store)),
+            quote_spanned!(ret_span=> ::core::option::Option::Some(&*__idem_store)),
         ),
-        None => (quote!(), quote!(::core::option::Option::None)),
+        None => (
+            quote!(),
+            quote_spanned!(ret_span=> ::core::option::Option::None),
+        ),
     };
-    let assert_return = quote_spanned!(ret_span=> #private::assert_return::<#ret>(););
-    let run = quote_spanned!(ret_span=> #private::run::<#ret, _>);
+    // The whole call is spanned on the return type: an unmet bound on `T` or `E` is
+    // reported there, once.
+    let run = respan(
+        quote!(#private::run::<#ret, _>(&__idem_op, #store_arg, __idem_key, __idem_body).await),
+        ret_span,
+    );
 
-    quote! {
-        #(#attrs)*
-        #vis #sig {
+    let statements = quote! {
             #key_stmt
             let __idem_op = #krate::Idempotent::new(#biz) #ttl #lease #wait #mode #on_error;
             #payload
             #store_stmt
-            #assert_return
             let __idem_body = async move {
                 // Fixes the block's return type before its first `?`, as async-trait does.
                 #[allow(unreachable_code)]
@@ -83,9 +98,29 @@ pub fn expand(args: Args, item: ItemFn) -> TokenStream {
                 }
                 #block
             };
-            #run(&__idem_op, #store_arg, __idem_key, __idem_body).await
-        }
-    }
+            #run
+    };
+    // The fn's braces are spanned on the return type too: rustc reports the bounds of
+    // the awaited future at the body, and they belong to the return type.
+    let body = quote_spanned!(ret_span=> { #statements });
+    quote!(#(#attrs)* #vis #sig #body)
+}
+
+/// `tokens` with every span set to `span`, so that rustc, which reports an unmet bound
+/// of a call at one of its tokens, always points there.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tree| {
+            if let TokenTree::Group(group) = &tree {
+                let mut inner = Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                tree = TokenTree::Group(inner);
+            }
+            tree.set_span(span);
+            tree
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -97,7 +132,9 @@ mod tests {
     fn keeps_the_signature_and_claims_before_the_body() {
         let args = Args::parse(quote!(key = "req.id", biz = "pay", ttl = "1h")).unwrap();
         let item: ItemFn = syn::parse2(quote!(
-            pub async fn pay(&self, req: Req) -> Result<u32, E> { Ok(req.amount) }
+            pub async fn pay(&self, req: Req) -> Result<u32, E> {
+                Ok(req.amount)
+            }
         ))
         .unwrap();
         let out = expand(args, item).to_string();
@@ -110,9 +147,25 @@ mod tests {
 
     #[test]
     fn refuses_sync_and_const_fns() {
-        let sync: ItemFn = syn::parse2(quote!(fn f() -> Result<(), E> { Ok(()) })).unwrap();
-        assert!(check_fn(&sync).unwrap_err().to_string().contains("`async fn` only"));
-        let konst: ItemFn = syn::parse2(quote!(const fn f() -> Result<(), E> { Ok(()) })).unwrap();
-        assert!(check_fn(&konst).unwrap_err().to_string().contains("`const fn`"));
+        let sync: ItemFn = syn::parse2(quote!(
+            fn f() -> Result<(), E> {
+                Ok(())
+            }
+        ))
+        .unwrap();
+        assert!(check_fn(&sync)
+            .unwrap_err()
+            .to_string()
+            .contains("`async fn` only"));
+        let konst: ItemFn = syn::parse2(quote!(
+            const fn f() -> Result<(), E> {
+                Ok(())
+            }
+        ))
+        .unwrap();
+        assert!(check_fn(&konst)
+            .unwrap_err()
+            .to_string()
+            .contains("`const fn`"));
     }
 }

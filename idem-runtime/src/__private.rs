@@ -148,17 +148,13 @@ pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
     store.handle()
 }
 
-/// Check the return type of the fn (spanned on it by the macro).
-pub const fn assert_return<R>()
-where
-    R: IdempotentReturn,
-    R::Ok: Replayable,
-    R::Err: CarriesIdemError,
-{
-}
-
 /// Run the body of an `#[idempotent]` fn.
-pub async fn run<R, F>(op: &Idempotent, store: Option<&dyn IdempotencyStore>, key: String, body: F) -> R
+pub async fn run<R, F>(
+    op: &Idempotent,
+    store: Option<&dyn IdempotencyStore>,
+    key: String,
+    body: F,
+) -> R
 where
     R: IdempotentReturn,
     R::Ok: Replayable,

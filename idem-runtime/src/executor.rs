@@ -139,19 +139,33 @@ impl Idempotent {
     {
         let store = match self.store.clone().or_else(installed) {
             Some(store) => store,
-            None => return Err(Error::NoStore { biz: self.biz.to_string() }.into()),
+            None => {
+                return Err(Error::NoStore {
+                    biz: self.biz.to_string(),
+                }
+                .into())
+            }
         };
         self.execute_on(&*store, key, body).await
     }
 
     /// [`execute`](Self::execute) on the given `store`.
-    pub async fn execute_on<T, E, F>(&self, store: &dyn IdempotencyStore, key: impl Display, body: F) -> Result<T, E>
+    pub async fn execute_on<T, E, F>(
+        &self,
+        store: &dyn IdempotencyStore,
+        key: impl Display,
+        body: F,
+    ) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        let call = Call { op: self, store, key: key.to_string() };
+        let call = Call {
+            op: self,
+            store,
+            key: key.to_string(),
+        };
         call.run(body).await
     }
 }
@@ -174,20 +188,33 @@ impl Call<'_> {
         let wait_until = self.op.wait.map(|wait| Instant::now() + wait);
         let mut pause = WAIT_FIRST_POLL;
         loop {
-            let claim = Claim::new(&self.op.biz, &self.key, clock::now(), self.op.lease, self.op.ttl)
-                .with_fingerprint(fingerprint.as_deref());
-            let outcome = self.store.claim(&claim).await.map_err(|e| self.store_error("claim", e))?;
+            let claim = Claim::new(
+                &self.op.biz,
+                &self.key,
+                clock::now(),
+                self.op.lease,
+                self.op.ttl,
+            )
+            .with_fingerprint(fingerprint.as_deref());
+            let outcome = self
+                .store
+                .claim(&claim)
+                .await
+                .map_err(|e| self.store_error("claim", e))?;
             let record = match outcome {
                 ClaimOutcome::Acquired(lease) => return self.execute_claimed(lease, body).await,
                 ClaimOutcome::Existing(record) => record,
             };
             if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint.as_deref()) {
-                return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }).into());
+                return Err(self
+                    .error(|biz, key| Error::PayloadMismatch { biz, key })
+                    .into());
             }
             if record.status != Status::Processing {
                 return self.answer_finished(record);
             }
-            let remaining = wait_until.and_then(|until| until.checked_duration_since(Instant::now()));
+            let remaining =
+                wait_until.and_then(|until| until.checked_duration_since(Instant::now()));
             match remaining {
                 Some(remaining) if !remaining.is_zero() => {
                     tokio::time::sleep(pause.min(remaining)).await;
@@ -202,7 +229,10 @@ impl Call<'_> {
     /// payload fingerprint.
     fn check_input(&self) -> Result<Option<String>, Error> {
         if let Some(reason) = biz_problem(&self.op.biz) {
-            return Err(Error::InvalidBiz { biz: self.op.biz.to_string(), reason });
+            return Err(Error::InvalidBiz {
+                biz: self.op.biz.to_string(),
+                reason,
+            });
         }
         if let Some(reason) = key_problem(&self.key) {
             return Err(self.error(|biz, key| Error::InvalidKey { biz, key, reason }));
@@ -223,7 +253,9 @@ impl Call<'_> {
     fn answer_finished<T: DeserializeOwned, E: From<Error>>(&self, record: Record) -> Result<T, E> {
         let error = match (record.status, self.op.mode) {
             (Status::Succeeded, Mode::ReturnFirst) => return self.replay(&record).map_err(E::from),
-            (Status::Succeeded, Mode::Reject) => self.error(|biz, key| Error::Duplicate { biz, key }),
+            (Status::Succeeded, Mode::Reject) => {
+                self.error(|biz, key| Error::Duplicate { biz, key })
+            }
             _ => self.error(|biz, key| Error::PreviousFailed {
                 biz,
                 key,
@@ -236,7 +268,9 @@ impl Call<'_> {
     fn replay<T: DeserializeOwned>(&self, record: &Record) -> Result<T, Error> {
         let decoded = match record.response_body.as_deref() {
             Some(json) => serde_json::from_str(json),
-            None => Err(serde_json::Error::custom("the SUCCESS record has no response_body")),
+            None => Err(serde_json::Error::custom(
+                "the SUCCESS record has no response_body",
+            )),
         };
         decoded.map_err(|source| self.error(|biz, key| Error::Decode { biz, key, source }))
     }
@@ -265,11 +299,26 @@ impl Call<'_> {
             Err(source) => {
                 // The body ran: keep duplicates from running it again.
                 let message = format!("the response could not be encoded: {source}");
-                self.write_after_failure("fail", self.store.fail(lease, &message, clock::now(), self.op.ttl).await, lease);
-                return Err(self.error(|biz, key| Error::Encode { biz, key, what: "response", source }));
+                self.write_after_failure(
+                    "fail",
+                    self.store
+                        .fail(lease, &message, clock::now(), self.op.ttl)
+                        .await,
+                    lease,
+                );
+                return Err(self.error(|biz, key| Error::Encode {
+                    biz,
+                    key,
+                    what: "response",
+                    source,
+                }));
             }
         };
-        match self.store.complete(lease, &json, clock::now(), self.op.ttl).await {
+        match self
+            .store
+            .complete(lease, &json, clock::now(), self.op.ttl)
+            .await
+        {
             Ok(FenceCheck::Held) => Ok(value),
             Ok(FenceCheck::Lost) => {
                 let error = self.lease_lost(lease, "complete");
@@ -286,14 +335,27 @@ impl Call<'_> {
         let (operation, written) = match self.op.on_error {
             OnError::Release => ("release", self.store.release(lease).await),
             OnError::Record => {
-                let message = format!("the call returned an error of type `{}`", std::any::type_name::<E>());
-                ("fail", self.store.fail(lease, &message, clock::now(), self.op.ttl).await)
+                let message = format!(
+                    "the call returned an error of type `{}`",
+                    std::any::type_name::<E>()
+                );
+                (
+                    "fail",
+                    self.store
+                        .fail(lease, &message, clock::now(), self.op.ttl)
+                        .await,
+                )
             }
         };
         self.write_after_failure(operation, written, lease);
     }
 
-    fn write_after_failure(&self, operation: &'static str, written: Result<FenceCheck, StoreError>, lease: &Lease) {
+    fn write_after_failure(
+        &self,
+        operation: &'static str,
+        written: Result<FenceCheck, StoreError>,
+        lease: &Lease,
+    ) {
         match written {
             Ok(FenceCheck::Held) => {}
             Ok(FenceCheck::Lost) => {
@@ -308,11 +370,21 @@ impl Call<'_> {
     }
 
     fn lease_lost(&self, lease: &Lease, operation: &'static str) -> Error {
-        self.error(|biz, key| Error::LeaseLost { biz, key, fence: lease.fence, operation })
+        self.error(|biz, key| Error::LeaseLost {
+            biz,
+            key,
+            fence: lease.fence,
+            operation,
+        })
     }
 
     fn store_error(&self, operation: &'static str, source: StoreError) -> Error {
-        self.error(|biz, key| Error::Store { biz, key, operation, source })
+        self.error(|biz, key| Error::Store {
+            biz,
+            key,
+            operation,
+            source,
+        })
     }
 
     fn error(&self, make: impl FnOnce(String, String) -> Error) -> Error {

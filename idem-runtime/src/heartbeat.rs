@@ -12,7 +12,12 @@ use crate::store::IdempotencyStore;
 /// The renewals run inside the same future as the body, not in a spawned task: when
 /// the caller drops the call (cancellation, timeout, panic), the heartbeat goes with it
 /// and the lease lapses on its own, so a retry can take over.
-pub(crate) async fn hold<F: Future>(store: &dyn IdempotencyStore, lease: &Lease, lease_for: Duration, body: F) -> F::Output {
+pub(crate) async fn hold<F: Future>(
+    store: &dyn IdempotencyStore,
+    lease: &Lease,
+    lease_for: Duration,
+    body: F,
+) -> F::Output {
     let renewals = async {
         let period = (lease_for / 3).max(Duration::from_millis(1));
         loop {

@@ -12,7 +12,10 @@ pub fn key_problem(key: &str) -> Option<String> {
         return Some("the key is empty".to_owned());
     }
     if key.len() > MAX_KEY_BYTES {
-        return Some(format!("the key is {} bytes long, the limit is {MAX_KEY_BYTES}", key.len()));
+        return Some(format!(
+            "the key is {} bytes long, the limit is {MAX_KEY_BYTES}",
+            key.len()
+        ));
     }
     control_char_problem(key)
 }
@@ -24,7 +27,9 @@ pub fn biz_problem(biz: &str) -> Option<String> {
         return Some("the biz is empty".to_owned());
     }
     if chars > MAX_BIZ_CHARS {
-        return Some(format!("the biz is {chars} characters long, the limit is {MAX_BIZ_CHARS}"));
+        return Some(format!(
+            "the biz is {chars} characters long, the limit is {MAX_BIZ_CHARS}"
+        ));
     }
     control_char_problem(biz)
 }
@@ -51,6 +56,8 @@ mod tests {
         assert_eq!(key_problem("").as_deref(), Some("the key is empty"));
         assert!(key_problem(&"k".repeat(256)).unwrap().contains("256 bytes"));
         assert!(key_problem("a\nb").unwrap().contains("at byte 1"));
-        assert!(biz_problem(&"b".repeat(65)).unwrap().contains("65 characters"));
+        assert!(biz_problem(&"b".repeat(65))
+            .unwrap()
+            .contains("65 characters"));
     }
 }

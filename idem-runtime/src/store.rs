@@ -26,15 +26,30 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Extend the holder's lease to `now + lease`.
-    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError>;
+    async fn renew(
+        &self,
+        lease: &Lease,
+        now: SystemTime,
+        lease_for: Duration,
+    ) -> Result<FenceCheck, StoreError>;
 
     /// Record `Succeeded` with `response` (JSON), expiring at `now + ttl`.
-    async fn complete(&self, lease: &Lease, response: &str, now: SystemTime, ttl: Duration)
-        -> Result<FenceCheck, StoreError>;
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError>;
 
     /// Record `Failed` with `message`, expiring at `now + ttl`.
-    async fn fail(&self, lease: &Lease, message: &str, now: SystemTime, ttl: Duration)
-        -> Result<FenceCheck, StoreError>;
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError>;
 
     /// Delete the holder's record so that a retry runs again.
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError>;
@@ -53,7 +68,12 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         (**self).claim(claim).await
     }
 
-    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+    async fn renew(
+        &self,
+        lease: &Lease,
+        now: SystemTime,
+        lease_for: Duration,
+    ) -> Result<FenceCheck, StoreError> {
         (**self).renew(lease, now, lease_for).await
     }
 
@@ -67,7 +87,13 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         (**self).complete(lease, response, now, ttl).await
     }
 
-    async fn fail(&self, lease: &Lease, message: &str, now: SystemTime, ttl: Duration) -> Result<FenceCheck, StoreError> {
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
         (**self).fail(lease, message, now, ttl).await
     }
 

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use crate::clock;
 use crate::error::StoreError;
 use crate::store::IdempotencyStore;
-use crate::clock;
 
 /// Records deleted per statement by [`purge_expired`].
 pub const DEFAULT_BATCH: u64 = 1000;

@@ -57,31 +57,60 @@ pub struct Order {
 
 /// A charge that takes `delay` at the bank.
 #[idempotent(key = key, biz = "conformance.pay", store = store, wait = "10s")]
-pub async fn pay_waiting(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
+pub async fn pay_waiting(
+    store: &Store,
+    key: &str,
+    runs: &Runs,
+    delay: Duration,
+) -> Result<Receipt, AppError> {
     tokio::time::sleep(delay).await;
-    Ok(Receipt { charge_no: runs.hit(), cents: 199 })
+    Ok(Receipt {
+        charge_no: runs.hit(),
+        cents: 199,
+    })
 }
 
 #[idempotent(key = key, biz = "conformance.pay", store = store)]
-pub async fn pay(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
+pub async fn pay(
+    store: &Store,
+    key: &str,
+    runs: &Runs,
+    delay: Duration,
+) -> Result<Receipt, AppError> {
     tokio::time::sleep(delay).await;
-    Ok(Receipt { charge_no: runs.hit(), cents: 199 })
+    Ok(Receipt {
+        charge_no: runs.hit(),
+        cents: 199,
+    })
 }
 
 #[idempotent(key = key, biz = "conformance.pay", store = store, mode = Reject)]
 pub async fn pay_rejecting(store: &Store, key: &str, runs: &Runs) -> Result<Receipt, AppError> {
-    Ok(Receipt { charge_no: runs.hit(), cents: 199 })
+    Ok(Receipt {
+        charge_no: runs.hit(),
+        cents: 199,
+    })
 }
 
 #[idempotent(key = "order.id", biz = "conformance.order", store = store, payload = order)]
-pub async fn place(store: &Store, order: Order, runs: &Runs, delay: Duration) -> Result<u64, AppError> {
+pub async fn place(
+    store: &Store,
+    order: Order,
+    runs: &Runs,
+    delay: Duration,
+) -> Result<u64, AppError> {
     tokio::time::sleep(delay).await;
     runs.hit();
     Ok(order.cents)
 }
 
 #[idempotent(key = key, biz = "conformance.flaky", store = store)]
-pub async fn flaky_release(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
+pub async fn flaky_release(
+    store: &Store,
+    key: &str,
+    runs: &Runs,
+    fail: bool,
+) -> Result<u32, AppError> {
     let n = runs.hit();
     if fail {
         return Err(AppError::Declined(format!("attempt {n}")));
@@ -90,7 +119,12 @@ pub async fn flaky_release(store: &Store, key: &str, runs: &Runs, fail: bool) ->
 }
 
 #[idempotent(key = key, biz = "conformance.flaky", store = store, on_error = Record)]
-pub async fn flaky_record(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
+pub async fn flaky_record(
+    store: &Store,
+    key: &str,
+    runs: &Runs,
+    fail: bool,
+) -> Result<u32, AppError> {
     let n = runs.hit();
     if fail {
         Err(AppError::Declined(format!("attempt {n}")))?;
@@ -105,7 +139,12 @@ pub async fn short_lived(store: &Store, key: &str, runs: &Runs) -> Result<(u32, 
 
 /// A body that can outlive its 300 ms lease (heartbeat on), reporting its fence.
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
-pub async fn leased(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<(u32, u64), AppError> {
+pub async fn leased(
+    store: &Store,
+    key: &str,
+    runs: &Runs,
+    delay: Duration,
+) -> Result<(u32, u64), AppError> {
     tokio::time::sleep(delay).await;
     Ok((runs.hit(), idem::context().expect("inside a call").fence()))
 }
@@ -113,15 +152,22 @@ pub async fn leased(store: &Store, key: &str, runs: &Runs, delay: Duration) -> R
 /// A leased body that blocks its whole thread, heartbeat included, as a paused process
 /// would; then returns `outcome`.
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", on_error = Record)]
-pub async fn frozen(store: &Store, key: &str, freeze: Duration, outcome: Result<u32, String>) -> Result<(u32, u64), AppError> {
+pub async fn frozen(
+    store: &Store,
+    key: &str,
+    freeze: Duration,
+    outcome: Result<u32, String>,
+) -> Result<(u32, u64), AppError> {
     std::thread::sleep(freeze);
-    outcome
-        .map(|n| (n, 0))
-        .map_err(AppError::Declined)
+    outcome.map(|n| (n, 0)).map_err(AppError::Declined)
 }
 
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
-pub async fn frozen_release(store: &Store, key: &str, freeze: Duration) -> Result<(u32, u64), AppError> {
+pub async fn frozen_release(
+    store: &Store,
+    key: &str,
+    freeze: Duration,
+) -> Result<(u32, u64), AppError> {
     std::thread::sleep(freeze);
     Err(AppError::Declined("gave up".into()))
 }
@@ -163,7 +209,12 @@ pub struct Awkward {
 }
 
 #[idempotent(key = key, biz = "conformance.types", store = store)]
-pub async fn echo(store: &Store, key: &str, value: Awkward, runs: &Runs) -> Result<Awkward, AppError> {
+pub async fn echo(
+    store: &Store,
+    key: &str,
+    value: Awkward,
+    runs: &Runs,
+) -> Result<Awkward, AppError> {
     runs.hit();
     Ok(value)
 }
@@ -184,5 +235,10 @@ pub async fn pay_v2(store: &Store, key: &str, runs: &Runs) -> Result<Vec<String>
 #[idempotent(key = key, biz = "conformance.context", store = store)]
 pub async fn notify(store: &Store, key: &str) -> Result<(String, String, u64, String), AppError> {
     let context = idem::context().expect("the body runs inside a context");
-    Ok((context.biz().to_owned(), context.key().to_owned(), context.fence(), context.effect_key("sms")))
+    Ok((
+        context.biz().to_owned(),
+        context.key().to_owned(),
+        context.fence(),
+        context.effect_key("sms"),
+    ))
 }

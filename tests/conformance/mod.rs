@@ -15,8 +15,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A key no earlier run or other test used, so suites can share a database.
 pub fn unique(name: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{name}-{}-{nanos}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{name}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Generate one `#[tokio::test]` per scenario, each on a store from `$store`.

@@ -18,11 +18,22 @@ pub async fn first_call_runs_once_and_records_success(store: &Store) {
     let key = unique("first");
     let runs = Runs::default();
     let receipt = pay(store, &key, &runs, NO_DELAY).await.unwrap();
-    assert_eq!(receipt, Receipt { charge_no: 1, cents: 199 });
-    let stored = record(store, "conformance.pay", &key).await.expect("a record");
+    assert_eq!(
+        receipt,
+        Receipt {
+            charge_no: 1,
+            cents: 199
+        }
+    );
+    let stored = record(store, "conformance.pay", &key)
+        .await
+        .expect("a record");
     assert_eq!(stored.status, Status::Succeeded);
     assert_eq!(stored.fence, 1);
-    assert_eq!(stored.response_body.as_deref(), Some(r#"{"charge_no":1,"cents":199}"#));
+    assert_eq!(
+        stored.response_body.as_deref(),
+        Some(r#"{"charge_no":1,"cents":199}"#)
+    );
     assert!(stored.completed_at.is_some());
     assert!(stored.expires_at > stored.completed_at.unwrap() + Duration::from_secs(23 * 3600));
 }
@@ -42,7 +53,10 @@ pub async fn reject_mode_refuses_duplicates(store: &Store) {
     let runs = Runs::default();
     pay_rejecting(store, &key, &runs).await.unwrap();
     let error = pay_rejecting(store, &key, &runs).await.unwrap_err().idem();
-    assert!(matches!(&error, Error::Duplicate { biz, key: k } if biz == "conformance.pay" && *k == key), "{error:?}");
+    assert!(
+        matches!(&error, Error::Duplicate { biz, key: k } if biz == "conformance.pay" && *k == key),
+        "{error:?}"
+    );
     assert_eq!(runs.count(), 1);
 }
 
@@ -74,10 +88,18 @@ pub async fn concurrent_duplicates_with_wait_all_get_the_first_result(store: &St
     let runs = Arc::new(Runs::default());
     let calls = (0..64).map(|_| {
         let (store, key, runs) = (store.clone(), key.clone(), runs.clone());
-        tokio::spawn(async move { pay_waiting(&store, &key, &runs, Duration::from_millis(200)).await })
+        tokio::spawn(
+            async move { pay_waiting(&store, &key, &runs, Duration::from_millis(200)).await },
+        )
     });
     for result in futures::future::join_all(calls).await {
-        assert_eq!(result.unwrap().unwrap(), Receipt { charge_no: 1, cents: 199 });
+        assert_eq!(
+            result.unwrap().unwrap(),
+            Receipt {
+                charge_no: 1,
+                cents: 199
+            }
+        );
     }
     assert_eq!(runs.count(), 1);
 }
@@ -110,7 +132,11 @@ pub async fn wait_returns_the_first_result(store: &Store) {
 }
 
 fn order(id: &str, cents: u64, second_line: u32) -> Order {
-    Order { id: id.to_owned(), cents, lines: vec![("apple".into(), 1), ("pear".into(), second_line)] }
+    Order {
+        id: id.to_owned(),
+        cents,
+        lines: vec![("apple".into(), 1), ("pear".into(), second_line)],
+    }
 }
 
 pub async fn payload_mismatch_is_refused_and_record_untouched(store: &Store) {
@@ -122,46 +148,101 @@ pub async fn payload_mismatch_is_refused_and_record_untouched(store: &Store) {
         tokio::spawn(async move { place(&store, order, &runs, Duration::from_millis(300)).await })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let error = place(store, order(&id, 500, 3), &runs, NO_DELAY).await.unwrap_err().idem();
-    assert!(matches!(error, Error::PayloadMismatch { .. }), "nested field differs: {error:?}");
+    let error = place(store, order(&id, 500, 3), &runs, NO_DELAY)
+        .await
+        .unwrap_err()
+        .idem();
+    assert!(
+        matches!(error, Error::PayloadMismatch { .. }),
+        "nested field differs: {error:?}"
+    );
     assert_eq!(first.await.unwrap().unwrap(), 500);
     let before = record(store, "conformance.order", &id).await.unwrap();
     // ... and after it finished.
-    let error = place(store, order(&id, 900, 2), &runs, NO_DELAY).await.unwrap_err().idem();
+    let error = place(store, order(&id, 900, 2), &runs, NO_DELAY)
+        .await
+        .unwrap_err()
+        .idem();
     assert!(matches!(error, Error::PayloadMismatch { .. }), "{error:?}");
-    assert_eq!(record(store, "conformance.order", &id).await.unwrap(), before, "the record is untouched");
+    assert_eq!(
+        record(store, "conformance.order", &id).await.unwrap(),
+        before,
+        "the record is untouched"
+    );
     assert_eq!(runs.count(), 1);
 }
 
 pub async fn identical_payload_replays(store: &Store) {
     let id = unique("order-same");
     let runs = Runs::default();
-    assert_eq!(place(store, order(&id, 700, 1), &runs, NO_DELAY).await.unwrap(), 700);
-    assert_eq!(place(store, order(&id, 700, 1), &runs, NO_DELAY).await.unwrap(), 700);
+    assert_eq!(
+        place(store, order(&id, 700, 1), &runs, NO_DELAY)
+            .await
+            .unwrap(),
+        700
+    );
+    assert_eq!(
+        place(store, order(&id, 700, 1), &runs, NO_DELAY)
+            .await
+            .unwrap(),
+        700
+    );
     assert_eq!(runs.count(), 1);
     let stored = record(store, "conformance.order", &id).await.unwrap();
-    assert_eq!(stored.fingerprint.as_deref().map(str::len), Some(64), "the fingerprint is kept on completion");
+    assert_eq!(
+        stored.fingerprint.as_deref().map(str::len),
+        Some(64),
+        "the fingerprint is kept on completion"
+    );
 }
 
 pub async fn on_error_release_lets_a_retry_run(store: &Store) {
     let key = unique("release");
     let runs = Runs::default();
     let error = flaky_release(store, &key, &runs, true).await.unwrap_err();
-    assert!(matches!(&error, AppError::Declined(m) if m == "attempt 1"), "the caller gets its own error: {error:?}");
-    assert_eq!(record(store, "conformance.flaky", &key).await, None, "the claim is released");
-    assert_eq!(flaky_release(store, &key, &runs, false).await.unwrap(), 2, "a retry runs");
-    assert_eq!(flaky_release(store, &key, &runs, false).await.unwrap(), 2, "then replays");
+    assert!(
+        matches!(&error, AppError::Declined(m) if m == "attempt 1"),
+        "the caller gets its own error: {error:?}"
+    );
+    assert_eq!(
+        record(store, "conformance.flaky", &key).await,
+        None,
+        "the claim is released"
+    );
+    assert_eq!(
+        flaky_release(store, &key, &runs, false).await.unwrap(),
+        2,
+        "a retry runs"
+    );
+    assert_eq!(
+        flaky_release(store, &key, &runs, false).await.unwrap(),
+        2,
+        "then replays"
+    );
 }
 
 pub async fn on_error_record_answers_previous_failed(store: &Store) {
     let key = unique("record");
     let runs = Runs::default();
     let error = flaky_record(store, &key, &runs, true).await.unwrap_err();
-    assert!(matches!(&error, AppError::Declined(m) if m == "attempt 1"), "{error:?}");
+    assert!(
+        matches!(&error, AppError::Declined(m) if m == "attempt 1"),
+        "{error:?}"
+    );
     let stored = record(store, "conformance.flaky", &key).await.unwrap();
     assert_eq!(stored.status, Status::Failed);
-    assert!(stored.error_message.as_deref().unwrap().contains("AppError"), "{stored:?}");
-    let error = flaky_record(store, &key, &runs, false).await.unwrap_err().idem();
+    assert!(
+        stored
+            .error_message
+            .as_deref()
+            .unwrap()
+            .contains("AppError"),
+        "{stored:?}"
+    );
+    let error = flaky_record(store, &key, &runs, false)
+        .await
+        .unwrap_err()
+        .idem();
     assert!(matches!(error, Error::PreviousFailed { .. }), "{error:?}");
     assert_eq!(runs.count(), 1);
 }
@@ -170,21 +251,43 @@ pub async fn expired_record_runs_again(store: &Store) {
     let key = unique("ttl");
     let runs = Runs::default();
     assert_eq!(short_lived(store, &key, &runs).await.unwrap(), (1, 1));
-    assert_eq!(short_lived(store, &key, &runs).await.unwrap(), (1, 1), "replayed within the ttl");
+    assert_eq!(
+        short_lived(store, &key, &runs).await.unwrap(),
+        (1, 1),
+        "replayed within the ttl"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(short_lived(store, &key, &runs).await.unwrap(), (2, 2), "runs again after the ttl, fence + 1");
+    assert_eq!(
+        short_lived(store, &key, &runs).await.unwrap(),
+        (2, 2),
+        "runs again after the ttl, fence + 1"
+    );
 }
 
 pub async fn cancelled_holder_is_taken_over_after_its_lease(store: &Store) {
     let key = unique("cancel");
     let runs = Runs::default();
-    let dropped = tokio::time::timeout(Duration::from_millis(100), leased(store, &key, &runs, Duration::from_secs(60))).await;
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        leased(store, &key, &runs, Duration::from_secs(60)),
+    )
+    .await;
     assert!(dropped.is_err(), "the first call was cancelled mid-body");
-    let error = leased(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
-    assert!(matches!(error, Error::InProgress { .. }), "the lease still runs: {error:?}");
+    let error = leased(store, &key, &runs, NO_DELAY)
+        .await
+        .unwrap_err()
+        .idem();
+    assert!(
+        matches!(error, Error::InProgress { .. }),
+        "the lease still runs: {error:?}"
+    );
     // A heartbeat that outlived the dropped call would keep renewing and block this.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 2), "taken over with fence 2");
+    assert_eq!(
+        leased(store, &key, &runs, NO_DELAY).await.unwrap(),
+        (1, 2),
+        "taken over with fence 2"
+    );
 }
 
 pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
@@ -210,8 +313,14 @@ pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
     };
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let error = leased(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
-        assert!(matches!(error, Error::InProgress { .. }), "the heartbeat keeps the claim: {error:?}");
+        let error = leased(store, &key, &runs, NO_DELAY)
+            .await
+            .unwrap_err()
+            .idem();
+        assert!(
+            matches!(error, Error::InProgress { .. }),
+            "the heartbeat keeps the claim: {error:?}"
+        );
     }
     assert_eq!(first.await.unwrap().unwrap(), (1, 1));
     assert_eq!(runs.count(), 1);
@@ -223,7 +332,10 @@ fn on_frozen_thread<T: Send + 'static>(
     call: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
 ) -> std::thread::JoinHandle<T> {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         runtime.block_on(call())
     })
 }
@@ -232,18 +344,32 @@ pub async fn stale_holder_cannot_complete_over_the_new_holder(store: &Store) {
     let key = unique("stale");
     let stale = {
         let (store, key) = (store.clone(), key.clone());
-        on_frozen_thread(move || Box::pin(async move { frozen(&store, &key, Duration::from_millis(900), Ok(7)).await }))
+        on_frozen_thread(move || {
+            Box::pin(async move { frozen(&store, &key, Duration::from_millis(900), Ok(7)).await })
+        })
     };
     tokio::time::sleep(Duration::from_millis(500)).await; // past the stale holder's lease
     let runs = Runs::default();
-    assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 2), "taken over");
+    assert_eq!(
+        leased(store, &key, &runs, NO_DELAY).await.unwrap(),
+        (1, 2),
+        "taken over"
+    );
     let stored = record(store, "conformance.lease", &key).await.unwrap();
-    let error = tokio::task::spawn_blocking(move || stale.join().unwrap()).await.unwrap().unwrap_err().idem();
+    let error = tokio::task::spawn_blocking(move || stale.join().unwrap())
+        .await
+        .unwrap()
+        .unwrap_err()
+        .idem();
     assert!(
         matches!(&error, Error::LeaseLost { fence: 1, operation: "complete", key: k, .. } if *k == key),
         "the stale holder is told: {error:?}"
     );
-    assert_eq!(record(store, "conformance.lease", &key).await.unwrap(), stored, "and changed nothing");
+    assert_eq!(
+        record(store, "conformance.lease", &key).await.unwrap(),
+        stored,
+        "and changed nothing"
+    );
 }
 
 pub async fn stale_holder_cannot_fail_or_release_the_new_record(store: &Store) {
@@ -266,16 +392,31 @@ pub async fn stale_holder_cannot_fail_or_release_the_new_record(store: &Store) {
         let runs = Runs::default();
         assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 2));
         let stored = record(store, "conformance.lease", &key).await.unwrap();
-        let error = tokio::task::spawn_blocking(move || stale.join().unwrap()).await.unwrap().unwrap_err();
-        assert!(matches!(error, AppError::Declined(_)), "the stale holder gets its own error: {error:?}");
-        assert_eq!(record(store, "conformance.lease", &key).await.unwrap(), stored, "the new record stands");
+        let error = tokio::task::spawn_blocking(move || stale.join().unwrap())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(error, AppError::Declined(_)),
+            "the stale holder gets its own error: {error:?}"
+        );
+        assert_eq!(
+            record(store, "conformance.lease", &key).await.unwrap(),
+            stored,
+            "the new record stands"
+        );
     }
 }
 
 pub async fn bad_keys_are_refused_before_the_body(store: &Store) {
     let runs = Runs::default();
     let long = "k".repeat(256);
-    for (key, says) in [("", "empty"), (long.as_str(), "256 bytes"), ("a\nb", "control character"), ("tab\there", "control")] {
+    for (key, says) in [
+        ("", "empty"),
+        (long.as_str(), "256 bytes"),
+        ("a\nb", "control character"),
+        ("tab\there", "control"),
+    ] {
         let error = pay(store, key, &runs, NO_DELAY).await.unwrap_err().idem();
         match &error {
             Error::InvalidKey { biz, reason, .. } => {
@@ -285,12 +426,19 @@ pub async fn bad_keys_are_refused_before_the_body(store: &Store) {
             }
             other => panic!("expected InvalidKey for {key:?}, got {other:?}"),
         }
-        assert_eq!(record(store, "conformance.pay", key).await, None, "nothing recorded for {key:?}");
+        assert_eq!(
+            record(store, "conformance.pay", key).await,
+            None,
+            "nothing recorded for {key:?}"
+        );
     }
     assert_eq!(runs.count(), 0, "no body ran");
     let mut longest = unique("k") + &"k".repeat(255);
     longest.truncate(255);
-    assert!(pay(store, &longest, &runs, NO_DELAY).await.is_ok(), "255 bytes is still a key");
+    assert!(
+        pay(store, &longest, &runs, NO_DELAY).await.is_ok(),
+        "255 bytes is still a key"
+    );
     assert_eq!(runs.count(), 1);
 }
 
@@ -323,12 +471,26 @@ pub async fn typed_results_round_trip_exactly(store: &Store) {
         big: u64::MAX,
         small: i64::MIN,
         float: 0.1 + 0.2,
-        shapes: vec![Shape::Nothing, Shape::Circle { r: -1.5e-7 }, Shape::Nested(Some(Box::new(Shape::Nested(None))))],
+        shapes: vec![
+            Shape::Nothing,
+            Shape::Circle { r: -1.5e-7 },
+            Shape::Nested(Some(Box::new(Shape::Nested(None)))),
+        ],
         text: "ünïcødé \"quoted\" \\ 💳".into(),
     };
-    assert_eq!(echo(store, &key, value.clone(), &runs).await.unwrap(), value);
-    let other = Awkward { zero: 1, ..value.clone() };
-    assert_eq!(echo(store, &key, other, &runs).await.unwrap(), value, "the replay is the first value, exactly");
+    assert_eq!(
+        echo(store, &key, value.clone(), &runs).await.unwrap(),
+        value
+    );
+    let other = Awkward {
+        zero: 1,
+        ..value.clone()
+    };
+    assert_eq!(
+        echo(store, &key, other, &runs).await.unwrap(),
+        value,
+        "the replay is the first value, exactly"
+    );
     let unit_key = unique("types-none");
     assert_eq!(echo_unit(store, &unit_key, &runs).await.unwrap(), None);
     assert_eq!(echo_unit(store, &unit_key, &runs).await.unwrap(), None);
@@ -341,7 +503,10 @@ pub async fn two_functions_keep_their_own_options(store: &Store) {
     let runs = Runs::default();
     pay(store, &key, &runs, NO_DELAY).await.unwrap();
     assert!(pay(store, &key, &runs, NO_DELAY).await.is_ok());
-    assert!(matches!(pay_rejecting(store, &key, &runs).await.unwrap_err().idem(), Error::Duplicate { .. }));
+    assert!(matches!(
+        pay_rejecting(store, &key, &runs).await.unwrap_err().idem(),
+        Error::Duplicate { .. }
+    ));
     assert!(pay(store, &key, &runs, NO_DELAY).await.is_ok());
     assert_eq!(runs.count(), 1);
 }
@@ -349,7 +514,10 @@ pub async fn two_functions_keep_their_own_options(store: &Store) {
 pub async fn context_names_the_claim(store: &Store) {
     let key = unique("ctx");
     let (biz, seen_key, fence, sms) = notify(store, &key).await.unwrap();
-    assert_eq!((biz.as_str(), seen_key.as_str(), fence), ("conformance.context", key.as_str(), 1));
+    assert_eq!(
+        (biz.as_str(), seen_key.as_str(), fence),
+        ("conformance.context", key.as_str(), 1)
+    );
     assert_eq!(sms, format!("conformance.context:{key}:sms"));
     assert!(idem::context().is_none(), "no context outside a call");
 }
@@ -373,7 +541,9 @@ pub async fn rejected_duplicate_deletes_nothing(store: &Store) {
     tokio::time::sleep(Duration::from_millis(100)).await;
     // A duplicate that fails (InProgress) must not release the first call's claim.
     assert!(flaky_release(store, &key, &runs, true).await.is_err());
-    let stored = record(store, "conformance.flaky", &key).await.expect("the claim is still there");
+    let stored = record(store, "conformance.flaky", &key)
+        .await
+        .expect("the claim is still there");
     assert_eq!(stored.status, Status::Processing);
     assert_eq!(first.await.unwrap().unwrap(), 1);
     assert_eq!(runs.count(), 1);
@@ -392,11 +562,17 @@ pub async fn undecodable_response_is_a_decode_error_and_kept(store: &Store) {
     let before = record(store, "conformance.pay", &key).await.unwrap();
     let error = pay_v2(store, &key, &runs).await.unwrap_err().idem();
     match &error {
-        Error::Decode { biz, key: k, .. } => assert_eq!((biz.as_str(), k), ("conformance.pay", &key)),
+        Error::Decode { biz, key: k, .. } => {
+            assert_eq!((biz.as_str(), k), ("conformance.pay", &key))
+        }
         other => panic!("expected Decode, got {other:?}"),
     }
     assert!(error.to_string().contains(&key));
-    assert_eq!(record(store, "conformance.pay", &key).await.unwrap(), before, "nothing deleted");
+    assert_eq!(
+        record(store, "conformance.pay", &key).await.unwrap(),
+        before,
+        "nothing deleted"
+    );
     assert_eq!(runs.count(), 1);
 }
 
@@ -409,7 +585,11 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
         let key = key.to_owned();
         let biz = biz.clone();
         async move {
-            match store.claim(&Claim::new(&biz, &key, at, lease, ttl)).await.unwrap() {
+            match store
+                .claim(&Claim::new(&biz, &key, at, lease, ttl))
+                .await
+                .unwrap()
+            {
                 ClaimOutcome::Acquired(lease) => lease,
                 other => panic!("{other:?}"),
             }
@@ -417,8 +597,20 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
     };
     // Five finished records that expired an hour ago.
     for i in 0..5 {
-        let lease = claim_at(&format!("old-{i}"), now - 3 * hour, Duration::from_secs(30), hour).await;
-        assert_eq!(store.complete(&lease, "1", now - 2 * hour, hour).await.unwrap(), idem::FenceCheck::Held);
+        let lease = claim_at(
+            &format!("old-{i}"),
+            now - 3 * hour,
+            Duration::from_secs(30),
+            hour,
+        )
+        .await;
+        assert_eq!(
+            store
+                .complete(&lease, "1", now - 2 * hour, hour)
+                .await
+                .unwrap(),
+            idem::FenceCheck::Held
+        );
     }
     // A live record, and a PROCESSING claim past its expiry whose lease still runs.
     let live = claim_at("live", now, Duration::from_secs(30), hour).await;
@@ -435,10 +627,20 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
             break;
         }
     }
-    assert!(purged >= 5, "this test's five expired records went (others may share the table)");
+    assert!(
+        purged >= 5,
+        "this test's five expired records went (others may share the table)"
+    );
     for i in 0..5 {
         assert_eq!(store.get(&biz, &format!("old-{i}")).await.unwrap(), None);
     }
-    assert!(store.get(&biz, "live").await.unwrap().is_some(), "live record kept");
-    assert_eq!(store.get(&biz, "running").await.unwrap().unwrap().status, Status::Processing, "running claim kept");
+    assert!(
+        store.get(&biz, "live").await.unwrap().is_some(),
+        "live record kept"
+    );
+    assert_eq!(
+        store.get(&biz, "running").await.unwrap().unwrap().status,
+        Status::Processing,
+        "running claim kept"
+    );
 }

@@ -1,0 +1,18 @@
+use idem::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+impl From<idem::Error> for AppError {
+    fn from(_: idem::Error) -> Self {
+        AppError
+    }
+}
+
+#[derive(Debug)]
+struct BankError;
+
+#[idempotent(key = "id", biz = "pay")]
+async fn pay(id: u32) -> Result<u32, BankError> {
+    Ok(id)
+}
+fn main() {}

@@ -1,0 +1,17 @@
+use idem::idempotent;
+
+#[derive(Debug)]
+struct AppError;
+impl From<idem::Error> for AppError {
+    fn from(_: idem::Error) -> Self {
+        AppError
+    }
+}
+
+struct Receipt;
+
+#[idempotent(key = "id", biz = "pay")]
+async fn pay(id: u32) -> Result<Receipt, AppError> {
+    Ok(Receipt)
+}
+fn main() {}

@@ -1,0 +1,41 @@
+use std::sync::Arc;
+
+use idem::{idempotent, IdempotencyStore, MemoryStore};
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+}
+
+struct Service {
+    owned: MemoryStore,
+    arc: Arc<MemoryStore>,
+    dyn_arc: Arc<dyn IdempotencyStore>,
+    count: u32,
+}
+
+impl Service {
+    #[idempotent(key = "id", biz = "pass.ref", store = &self.owned)]
+    async fn by_ref(&self, id: u32) -> Result<u32, AppError> {
+        Ok(id)
+    }
+
+    #[idempotent(key = id, biz = "pass.arc", store = self.arc, ttl = "1h30m", lease = "10s")]
+    async fn by_mut(&mut self, id: u32) -> Result<u32, AppError> {
+        self.count += 1;
+        Ok(self.count)
+    }
+
+    #[idempotent(key = id, biz = "pass.dyn", store = self.dyn_arc.clone(), mode = Reject, on_error = Record, wait = "2s")]
+    async fn on_dyn(&self, id: u32) -> Result<(), AppError> {
+        Ok(())
+    }
+}
+
+#[idempotent(key = "id", biz = "pass.installed")]
+async fn installed(id: u32) -> Result<Vec<String>, idem::Error> {
+    Ok(vec![id.to_string()])
+}
+
+fn main() {}
