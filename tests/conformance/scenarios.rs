@@ -11,7 +11,12 @@ use super::unique;
 const NO_DELAY: Duration = Duration::ZERO;
 
 /// Start a call on its own task, with its own handles on the store, key and counter.
-fn in_background<T, F, Fut>(store: &Store, key: &str, runs: &Arc<Runs>, call: F) -> tokio::task::JoinHandle<T>
+fn in_background<T, F, Fut>(
+    store: &Store,
+    key: &str,
+    runs: &Arc<Runs>,
+    call: F,
+) -> tokio::task::JoinHandle<T>
 where
     T: Send + 'static,
     F: FnOnce(Store, String, Arc<Runs>) -> Fut,
@@ -73,7 +78,11 @@ pub async fn reject_mode_refuses_duplicates(store: &Store) {
 pub async fn concurrent_duplicates_run_once(store: &Store) {
     let key = unique("storm");
     let runs = Arc::new(Runs::default());
-    let calls = (0..64).map(|_| in_background(store, &key, &runs, |store, key, runs| async move { pay(&store, &key, &runs, Duration::from_millis(200)).await }));
+    let calls = (0..64).map(|_| {
+        in_background(store, &key, &runs, |store, key, runs| async move {
+            pay(&store, &key, &runs, Duration::from_millis(200)).await
+        })
+    });
     let results = futures::future::join_all(calls).await;
     let mut ok = 0;
     for result in results {
@@ -93,7 +102,11 @@ pub async fn concurrent_duplicates_run_once(store: &Store) {
 pub async fn concurrent_duplicates_with_wait_all_get_the_first_result(store: &Store) {
     let key = unique("storm-wait");
     let runs = Arc::new(Runs::default());
-    let calls = (0..64).map(|_| in_background(store, &key, &runs, |store, key, runs| async move { pay_waiting(&store, &key, &runs, Duration::from_millis(200)).await }));
+    let calls = (0..64).map(|_| {
+        in_background(store, &key, &runs, |store, key, runs| async move {
+            pay_waiting(&store, &key, &runs, Duration::from_millis(200)).await
+        })
+    });
     for result in futures::future::join_all(calls).await {
         assert_eq!(
             result.unwrap().unwrap(),
@@ -109,9 +122,9 @@ pub async fn concurrent_duplicates_with_wait_all_get_the_first_result(store: &St
 pub async fn duplicate_in_progress_gets_in_progress(store: &Store) {
     let key = unique("in-progress");
     let runs = Arc::new(Runs::default());
-    let first = {
-        let (store, key, runs) = (store.clone(), key.clone(), runs.clone());
-        tokio::spawn(async move { pay(&store, &key, &runs, Duration::from_millis(500)).await });
+    let first = in_background(store, &key, &runs, |store, key, runs| async move {
+        pay(&store, &key, &runs, Duration::from_millis(500)).await
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let error = pay(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
     assert!(matches!(error, Error::InProgress { .. }), "{error:?}");
@@ -122,7 +135,9 @@ pub async fn duplicate_in_progress_gets_in_progress(store: &Store) {
 pub async fn wait_returns_the_first_result(store: &Store) {
     let key = unique("wait");
     let runs = Arc::new(Runs::default());
-    let first = in_background(store, &key, &runs, |store, key, runs| async move { pay(&store, &key, &runs, Duration::from_millis(400)).await });
+    let first = in_background(store, &key, &runs, |store, key, runs| async move {
+        pay(&store, &key, &runs, Duration::from_millis(400)).await
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let waited = pay_waiting(store, &key, &runs, NO_DELAY).await.unwrap();
     assert_eq!(waited, first.await.unwrap().unwrap());
@@ -305,7 +320,9 @@ pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
 pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
     let key = unique("live");
     let runs = Arc::new(Runs::default());
-    let first = in_background(store, &key, &runs, |store, key, runs| async move { leased(&store, &key, &runs, Duration::from_millis(1000)).await });
+    let first = in_background(store, &key, &runs, |store, key, runs| async move {
+        leased(&store, &key, &runs, Duration::from_millis(1000)).await
+    });
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let error = leased(store, &key, &runs, NO_DELAY)
@@ -529,7 +546,9 @@ pub async fn success_is_never_taken_over_before_its_ttl(store: &Store) {
 pub async fn rejected_duplicate_deletes_nothing(store: &Store) {
     let key = unique("in-flight");
     let runs = Arc::new(Runs::default());
-    let first = in_background(store, &key, &runs, |store, key, runs| async move { flaky_wait(&store, &key, &runs).await });
+    let first = in_background(store, &key, &runs, |store, key, runs| async move {
+        flaky_wait(&store, &key, &runs).await
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     // A duplicate that fails (InProgress) must not release the first call's claim.
     assert!(flaky_release(store, &key, &runs, true).await.is_err());
