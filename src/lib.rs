@@ -86,3 +86,18 @@
 
 pub use idem_macros::idempotent;
 pub use idem_runtime::*;
+
+#[cfg(feature = "mysql")]
+pub use idem_store_sqlx::MySqlStore;
+#[cfg(feature = "postgres")]
+pub use idem_store_sqlx::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use idem_store_sqlx::SqliteStore;
+
+/// The database stores (by feature: `sqlite`, `postgres`, `mysql`) next to the sqlx
+/// they are built on, so an application names one version of both:
+/// `idem::sqlx::SqlitePool`, `idem::sqlx::SqliteStore`.
+pub mod sqlx {
+    pub use idem_store_sqlx::sqlx::*;
+    pub use idem_store_sqlx::*;
+}

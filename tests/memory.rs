@@ -4,4 +4,6 @@ mod conformance;
 
 use std::sync::Arc;
 
-conformance_suite!(async { Arc::new(idem::MemoryStore::new()) as Arc<dyn idem::IdempotencyStore> });
+conformance_suite!(async {
+    Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn idem::IdempotencyStore>)
+});

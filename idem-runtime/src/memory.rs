@@ -99,7 +99,7 @@ impl IdempotencyStore for MemoryStore {
         Ok(self.write_held(lease, |record| {
             record.status = Status::Succeeded;
             record.response_body = Some(response.to_owned());
-            record.lease_until = None;
+            record.lease_until = Some(now);
             record.completed_at = Some(now);
             record.expires_at = now + ttl;
         }))
@@ -115,7 +115,7 @@ impl IdempotencyStore for MemoryStore {
         Ok(self.write_held(lease, |record| {
             record.status = Status::Failed;
             record.error_message = Some(message.to_owned());
-            record.lease_until = None;
+            record.lease_until = Some(now);
             record.completed_at = Some(now);
             record.expires_at = now + ttl;
         }))

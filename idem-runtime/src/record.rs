@@ -69,8 +69,8 @@ pub struct Record {
     pub response_body: Option<String>,
     /// Description of the failure (`Failed` only).
     pub error_message: Option<String>,
-    /// End of the `Processing` lease. A `Processing` record without one is treated as
-    /// held, never as free.
+    /// End of the `Processing` lease; for a finished record, the instant it finished.
+    /// A `Processing` record without one is treated as held, never as free.
     pub lease_until: Option<SystemTime>,
     /// When this life of the record began (first claim, or re-claim after expiry).
     pub created_at: SystemTime,

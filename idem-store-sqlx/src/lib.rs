@@ -1,3 +1,55 @@
-//! SQLite, PostgreSQL and MySQL/MariaDB stores for `idem`, each behind the cargo
-//! feature of its name. The stores arrive with the issue that builds them; until then
-//! this crate is empty.
+//! SQLite, PostgreSQL and MySQL/MariaDB stores for [`idem`](https://docs.rs/idem), each
+//! behind the cargo feature of its name, on sqlx 0.8 with runtime queries (no
+//! `DATABASE_URL` at build time).
+//!
+//! Every store keeps one table (default `idempotent_record`) whose primary key is
+//! `(biz_type, idempotent_key)`: the unique constraint that holds when caches are lost
+//! and processes restart. A store is built from the application's own pool
+//! (`XStore::new(pool)`) or from a URL (`XStore::connect(url)`); `migrate()` creates
+//! the table and its `expires_at` index idempotently, never touching the
+//! application's `_sqlx_migrations`.
+//!
+//! The claim is one statement per dialect (`INSERT … ON CONFLICT … DO UPDATE … WHERE
+//! <expired or lease lapsed> RETURNING` on PostgreSQL and SQLite; on MySQL an
+//! `ON DUPLICATE KEY UPDATE` whose fence increment decides ownership); every holder
+//! write matches the lease's fence and `created_at`; completion is one `UPDATE`.
+//!
+//! ```no_run
+//! # #[cfg(feature = "sqlite")]
+//! # async fn example() -> Result<(), idem_runtime::StoreError> {
+//! let store = idem_store_sqlx::SqliteStore::connect("sqlite://idem.db").await?;
+//! store.migrate().await?;
+//! idem_runtime::install(std::sync::Arc::new(store));
+//! # Ok(()) }
+//! ```
+//!
+//! Why `chrono`: sqlx encodes `TIMESTAMPTZ` and `DATETIME(6)` through it; `SystemTime`
+//! is converted at the edge of each store.
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod claim;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod row;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod statements;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod store_impl;
+mod table;
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+pub use table::DEFAULT_TABLE;
+
+/// The sqlx this crate is built on, so that applications name the same version.
+pub use sqlx;

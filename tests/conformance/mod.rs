@@ -2,11 +2,13 @@
 //! `#[idempotent]` attribute (and, where a scenario is about the store itself, the store
 //! trait), with the same assertions on every backend.
 //!
-//! A backend file calls `conformance_suite!(async { Arc<dyn IdempotencyStore> })`.
+//! A backend file calls `conformance_suite!(async { Option<Arc<dyn IdempotencyStore>> })`,
+//! and a database backend `database_suite!()` as well.
 
 #![allow(dead_code)]
 
 pub mod calls;
+pub mod database;
 pub mod scenarios;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +28,31 @@ pub fn unique(name: &str) -> String {
     )
 }
 
-/// Generate one `#[tokio::test]` per scenario, each on a store from `$store`.
+/// The URL of a database server the tests may use, from `var`. Under CI (`CI` set) a
+/// missing URL fails the test; elsewhere the backend is skipped, and said so once on
+/// stderr (written past the test harness's capture).
+pub fn server_url(var: &str, backend: &str) -> Option<String> {
+    if let Ok(url) = std::env::var(var) {
+        return Some(url);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "{var} is not set: CI must run the {backend} suite against a real server (see .ci/run)"
+        );
+    }
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "NOT RUN: the {backend} suite needs {var} (`.ci/start-databases` starts a server and prints it)"
+        );
+    });
+    None
+}
+
+/// Generate one `#[tokio::test]` per scenario, each on a store from `$store` (an
+/// `Option`: `None` when the backend is not available here).
 #[macro_export]
 macro_rules! conformance_suite {
     ($store:expr) => {
@@ -64,9 +90,58 @@ macro_rules! conformance_suite {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $scenario() {
-                let store: std::sync::Arc<dyn idem::IdempotencyStore> = $store.await;
-                $crate::conformance::scenarios::$scenario(&store).await;
+                let store: Option<std::sync::Arc<dyn idem::IdempotencyStore>> = $store.await;
+                if let Some(store) = store {
+                    $crate::conformance::scenarios::$scenario(&store).await;
+                }
             }
         )*
+    };
+}
+
+/// Generate the database-only tests. The calling file defines `open_dyn()` (a new
+/// store on a new pool), `corrupt(key)` (edit that record's `response_body` by hand)
+/// and `unreachable()` (a store whose server cannot be reached).
+#[macro_export]
+macro_rules! database_suite {
+    () => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn two_stores_see_one_record() {
+            if let (Some(a), Some(b)) = (open_dyn().await, open_dyn().await) {
+                $crate::conformance::database::two_stores_see_one_record(&a, &b).await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn takeover_race_has_one_winner() {
+            if let (Some(a), Some(b)) = (open_dyn().await, open_dyn().await) {
+                $crate::conformance::database::takeover_race_has_one_winner(&a, &b).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn record_survives_a_restart() {
+            if open_dyn().await.is_some() {
+                $crate::conformance::database::record_survives_a_restart(|| async {
+                    open_dyn().await.unwrap()
+                })
+                .await;
+            }
+        }
+
+        #[tokio::test]
+        async fn corrupted_response_is_a_decode_error() {
+            if let Some(store) = open_dyn().await {
+                $crate::conformance::database::corrupted_response_is_a_decode_error(
+                    &store, corrupt,
+                )
+                .await;
+            }
+        }
+
+        #[tokio::test]
+        async fn unreachable_database_fails_closed() {
+            $crate::conformance::database::unreachable_database_fails_closed(&unreachable()).await;
+        }
     };
 }

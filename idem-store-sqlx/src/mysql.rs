@@ -1,0 +1,203 @@
+//! The store on MySQL 8 and MariaDB 10.11.
+//!
+//! MySQL has no `RETURNING` on an upsert, and sqlx connects with `CLIENT_FOUND_ROWS`,
+//! so "inserted" and "conflict, left unchanged" both report one affected row. The
+//! claim therefore decides ownership by the fence: the upsert's `fence` assignment
+//! calls `LAST_INSERT_ID(…)` on both of its branches, which the server returns with
+//! the result:
+//!
+//! | rows affected | last insert id | meaning |
+//! |---|---|---|
+//! | 1 | 0 | inserted: fence 1 |
+//! | 2 | n | taken over or re-claimed after expiry: fence n |
+//! | 0 or 1 | n ≥ 1 | refused: the record (fence n) stands |
+//!
+//! MySQL evaluates `ON DUPLICATE KEY UPDATE` assignments left to right, each seeing the
+//! columns already assigned. The grant condition reads `status`, `expires_at`,
+//! `lease_until` and `fingerprint`; those are assigned last, in an order that keeps the
+//! condition's value (see the comment in `build`). A finished record's `lease_until`
+//! is its completion time, never NULL, which that order relies on.
+
+use std::time::SystemTime;
+
+use chrono::NaiveDateTime;
+use idem_runtime::{Claim, Lease, StoreError};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+
+use crate::row::{driver_error, utc};
+use crate::statements::{Flavor, Statements};
+use crate::store_impl::impl_idempotency_store;
+use crate::table::{checked_table_name, index_prefix, DEFAULT_TABLE};
+
+/// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    sql: Statements,
+    upsert_sql: String,
+    purge_sql: String,
+}
+
+/// The grant condition of DESIGN §3.2 over the row's current values; `VALUES(created_at)`
+/// is the claim's `now`.
+const GRANTED: &str = "(expires_at <= VALUES(created_at) OR (status = 'PROCESSING' \
+     AND lease_until <= VALUES(created_at) AND (fingerprint IS NULL OR VALUES(fingerprint) IS NULL \
+     OR fingerprint = VALUES(fingerprint))))";
+
+impl MySqlStore {
+    /// A store on the application's own pool, using the table `idempotent_record`.
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::build(pool, DEFAULT_TABLE.to_owned())
+    }
+
+    /// Connect a pool to `url` (`mysql://user:pass@host/db`).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = MySqlPoolOptions::new()
+            .connect(url)
+            .await
+            .map_err(|e| driver_error("connecting to MySQL", e))?;
+        Ok(Self::new(pool))
+    }
+
+    /// Use the table `name` instead (`table` or `database.table`).
+    pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
+        Ok(Self::build(self.pool, checked_table_name(name)?))
+    }
+
+    fn build(pool: MySqlPool, table: String) -> Self {
+        let sql = Statements::new(
+            &table,
+            &Flavor {
+                numbered: false,
+                greatest: "GREATEST",
+            },
+        );
+        // Order matters: first the columns the condition does not read; then
+        // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
+        // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
+        // holds as a lapsed PROCESSING lease: an expired record's lease ended before it
+        // expired) and last `lease_until`.
+        let upsert_sql = format!(
+            "INSERT INTO {table} (biz_type, idempotent_key, status, fence, fingerprint, request_body, \
+               lease_until, created_at, expires_at) \
+             VALUES (?, ?, 'PROCESSING', 1, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE \
+               fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
+               request_body = IF({GRANTED}, VALUES(request_body), request_body), \
+               response_body = IF({GRANTED}, NULL, response_body), \
+               error_message = IF({GRANTED}, NULL, error_message), \
+               completed_at = IF({GRANTED}, NULL, completed_at), \
+               created_at = IF({GRANTED} AND expires_at <= VALUES(created_at), VALUES(created_at), created_at), \
+               fingerprint = IF({GRANTED}, IF(expires_at <= VALUES(created_at), VALUES(fingerprint), \
+                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \
+               status = IF({GRANTED}, 'PROCESSING', status), \
+               expires_at = IF({GRANTED}, VALUES(expires_at), expires_at), \
+               lease_until = IF({GRANTED}, VALUES(lease_until), lease_until)"
+        );
+        let purge_sql = format!(
+            "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
+             ORDER BY expires_at LIMIT ?"
+        );
+        Self {
+            pool,
+            sql,
+            upsert_sql,
+            purge_sql,
+        }
+    }
+
+    /// Create the table (with its `expires_at` index) if it does not exist, then check
+    /// its columns. Keys compare byte for byte, trailing spaces included (a binary,
+    /// no-pad collation). Writes nothing to the application's `_sqlx_migrations`.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| driver_error("reading the server version", e))?;
+        let exact = if version.contains("MariaDB") {
+            "utf8mb4_nopad_bin"
+        } else {
+            "utf8mb4_0900_bin"
+        };
+        let table = &self.sql.table;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\
+               biz_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL, \
+               idempotent_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL, \
+               status VARCHAR(16) NOT NULL, \
+               fence BIGINT NOT NULL, \
+               fingerprint VARCHAR(64) NULL, \
+               request_body LONGTEXT NULL, \
+               response_body LONGTEXT NULL, \
+               error_message TEXT NULL, \
+               lease_until DATETIME(6) NULL, \
+               created_at DATETIME(6) NOT NULL, \
+               completed_at DATETIME(6) NULL, \
+               expires_at DATETIME(6) NOT NULL, \
+               PRIMARY KEY (biz_type, idempotent_key), \
+               KEY {}_expires_at (expires_at), \
+               CONSTRAINT {0}_status CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+            index_prefix(table)
+        );
+        sqlx::query(&create)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| driver_error("creating the idempotency table", e))?;
+        self.check_columns().await
+    }
+
+    fn stamp(at: SystemTime) -> NaiveDateTime {
+        utc(at).naive_utc()
+    }
+
+    async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
+        let done = sqlx::query(&self.upsert_sql)
+            .bind(claim.biz)
+            .bind(claim.key)
+            .bind(claim.fingerprint)
+            .bind(claim.request_body)
+            .bind(Self::stamp(claim.lease_until()))
+            .bind(Self::stamp(claim.now))
+            .bind(Self::stamp(claim.expires_at()))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        let lease = |fence, created_at| Lease {
+            biz: claim.biz.to_owned(),
+            key: claim.key.to_owned(),
+            fence,
+            created_at,
+        };
+        match (done.rows_affected(), done.last_insert_id()) {
+            (1, 0) => Ok(Some(lease(1, utc(claim.now).into()))),
+            (2, fence) => {
+                // Granted on an existing row; a takeover kept the row's `created_at`.
+                use idem_runtime::IdempotencyStore;
+                match self.get(claim.biz, claim.key).await? {
+                    Some(record) if record.fence == fence => Ok(Some(lease(fence, record.created_at))),
+                    other => Err(StoreError::new(format!(
+                        "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
+                        claim.biz,
+                        claim.key,
+                        other.map(|record| record.fence)
+                    ))),
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.purge_sql)
+            .bind(Self::stamp(now))
+            .bind(Self::stamp(now))
+            .bind(limit)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| driver_error("purge", e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl_idempotency_store!(MySqlStore, sqlx::MySql, NaiveDateTime);

@@ -1,0 +1,171 @@
+//! The store on PostgreSQL.
+
+use std::time::SystemTime;
+
+use chrono::{DateTime, Utc};
+use idem_runtime::{Claim, Lease, StoreError};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Row;
+
+use crate::row::{driver_error, utc};
+use crate::statements::{Flavor, Statements};
+use crate::store_impl::impl_idempotency_store;
+use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
+
+/// Idempotency records in PostgreSQL, instants as `TIMESTAMPTZ`.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    sql: Statements,
+    upsert_sql: String,
+    purge_sql: String,
+}
+
+impl PostgresStore {
+    /// A store on the application's own pool, using the table `idempotent_record`.
+    pub fn new(pool: PgPool) -> Self {
+        Self::build(pool, DEFAULT_TABLE.to_owned())
+    }
+
+    /// Connect a pool to `url` (`postgres://user:pass@host/db`).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .connect(url)
+            .await
+            .map_err(|e| driver_error("connecting to PostgreSQL", e))?;
+        Ok(Self::new(pool))
+    }
+
+    /// Use the table `name` instead (`table` or `schema.table`).
+    pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
+        Ok(Self::build(self.pool, checked_table_name(name)?))
+    }
+
+    fn build(pool: PgPool, table: String) -> Self {
+        let sql = Statements::new(
+            &table,
+            &Flavor {
+                numbered: true,
+                greatest: "GREATEST",
+            },
+        );
+        let upsert_sql = format!(
+            "INSERT INTO {table} AS cur ({COLUMNS}) \
+             VALUES ($1, $2, 'PROCESSING', 1, $3, $4, NULL, NULL, $5, $6, NULL, $7) \
+             ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
+               status = 'PROCESSING', \
+               fence = cur.fence + 1, \
+               fingerprint = CASE WHEN cur.expires_at <= $6 THEN EXCLUDED.fingerprint \
+                             ELSE COALESCE(EXCLUDED.fingerprint, cur.fingerprint) END, \
+               request_body = EXCLUDED.request_body, \
+               response_body = NULL, \
+               error_message = NULL, \
+               lease_until = EXCLUDED.lease_until, \
+               created_at = CASE WHEN cur.expires_at <= $6 THEN EXCLUDED.created_at ELSE cur.created_at END, \
+               completed_at = NULL, \
+               expires_at = EXCLUDED.expires_at \
+             WHERE cur.expires_at <= $6 \
+                OR (cur.status = 'PROCESSING' AND cur.lease_until <= $6 \
+                    AND (cur.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL \
+                         OR cur.fingerprint = EXCLUDED.fingerprint)) \
+             RETURNING fence, created_at"
+        );
+        // SKIP LOCKED: a purge never waits behind a claim in flight.
+        let purge_sql = format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+             WHERE expires_at <= $1 AND (status <> 'PROCESSING' OR lease_until <= $1) \
+             LIMIT $2 FOR UPDATE SKIP LOCKED))"
+        );
+        Self {
+            pool,
+            sql,
+            upsert_sql,
+            purge_sql,
+        }
+    }
+
+    /// Create the table and its `expires_at` index if they do not exist (under an
+    /// advisory lock, so concurrent start-ups do not race), then check its columns.
+    /// Writes nothing to the application's `_sqlx_migrations`.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let table = &self.sql.table;
+        let failed = |e| driver_error("creating the idempotency table", e);
+        let mut tx = self.pool.begin().await.map_err(failed)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(table)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\
+               biz_type VARCHAR(64) NOT NULL, \
+               idempotent_key VARCHAR(255) NOT NULL, \
+               status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')), \
+               fence BIGINT NOT NULL, \
+               fingerprint VARCHAR(64), \
+               request_body TEXT, \
+               response_body TEXT, \
+               error_message TEXT, \
+               lease_until TIMESTAMPTZ, \
+               created_at TIMESTAMPTZ NOT NULL, \
+               completed_at TIMESTAMPTZ, \
+               expires_at TIMESTAMPTZ NOT NULL, \
+               PRIMARY KEY (biz_type, idempotent_key))"
+        );
+        let index = format!(
+            "CREATE INDEX IF NOT EXISTS {}_expires_at ON {table} (expires_at)",
+            index_prefix(table)
+        );
+        for statement in [create, index] {
+            sqlx::query(&statement)
+                .execute(&mut *tx)
+                .await
+                .map_err(failed)?;
+        }
+        tx.commit().await.map_err(failed)?;
+        self.check_columns().await
+    }
+
+    fn stamp(at: SystemTime) -> DateTime<Utc> {
+        utc(at)
+    }
+
+    async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
+        let granted = sqlx::query(&self.upsert_sql)
+            .bind(claim.biz)
+            .bind(claim.key)
+            .bind(claim.fingerprint)
+            .bind(claim.request_body)
+            .bind(Self::stamp(claim.lease_until()))
+            .bind(Self::stamp(claim.now))
+            .bind(Self::stamp(claim.expires_at()))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        granted
+            .map(|row| {
+                let fence: i64 = row.try_get(0).map_err(|e| driver_error("claim", e))?;
+                let created_at: DateTime<Utc> =
+                    row.try_get(1).map_err(|e| driver_error("claim", e))?;
+                Ok(Lease {
+                    biz: claim.biz.to_owned(),
+                    key: claim.key.to_owned(),
+                    fence: fence as u64,
+                    created_at: created_at.into(),
+                })
+            })
+            .transpose()
+    }
+
+    async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.purge_sql)
+            .bind(Self::stamp(now))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| driver_error("purge", e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl_idempotency_store!(PostgresStore, sqlx::Postgres, DateTime<Utc>);

@@ -1,0 +1,116 @@
+//! Rows to records, and instants to the column types of each dialect.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, NaiveDateTime, Utc};
+use idem_runtime::{Record, Status, StoreError};
+use sqlx::{ColumnIndex, Decode, Row, Type};
+
+/// `SystemTime` as UTC, truncated to the microseconds every column keeps.
+pub(crate) fn utc(at: SystemTime) -> DateTime<Utc> {
+    let micros = at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let truncated = UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
+    DateTime::<Utc>::from(truncated)
+}
+
+/// How SQLite stores an instant: fixed-width UTC text, so that text order is time
+/// order and an operator reads it as it is.
+pub(crate) fn sqlite_text(at: SystemTime) -> String {
+    utc(at).format(SQLITE_FORMAT).to_string()
+}
+
+const SQLITE_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.6f";
+
+/// A timestamp column value of some dialect.
+pub(crate) trait Stamp: Sized {
+    fn into_system_time(self) -> Result<SystemTime, String>;
+}
+
+impl Stamp for DateTime<Utc> {
+    fn into_system_time(self) -> Result<SystemTime, String> {
+        Ok(self.into())
+    }
+}
+
+impl Stamp for NaiveDateTime {
+    fn into_system_time(self) -> Result<SystemTime, String> {
+        Ok(self.and_utc().into())
+    }
+}
+
+impl Stamp for String {
+    fn into_system_time(self) -> Result<SystemTime, String> {
+        NaiveDateTime::parse_from_str(&self, SQLITE_FORMAT)
+            .map(|at| at.and_utc().into())
+            .map_err(|e| format!("timestamp {self:?} is not `YYYY-MM-DD HH:MM:SS.ffffff`: {e}"))
+    }
+}
+
+/// Decode a row selected with [`COLUMNS`](crate::table::COLUMNS) into a [`Record`].
+/// A row that does not decode is an error naming its biz and key; nothing is guessed.
+pub(crate) fn record_from_row<'r, R, Ts>(row: &'r R) -> Result<Record, StoreError>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Ts: Stamp + Decode<'r, R::Database> + Type<R::Database>,
+    Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let biz: String = row.try_get(0).unwrap_or_else(|_| "?".into());
+    let key: String = row.try_get(1).unwrap_or_else(|_| "?".into());
+    let unreadable = |what: String| {
+        StoreError::new(format!(
+            "the record of biz `{biz}` key `{key}` is unreadable: {what}"
+        ))
+    };
+    let column = |e: sqlx::Error| unreadable(e.to_string());
+    let stamp = |value: Ts| value.into_system_time().map_err(&unreadable);
+    let optional_stamp = |value: Option<Ts>| value.map(stamp).transpose();
+
+    let status: String = row.try_get(2).map_err(column)?;
+    let fence: i64 = row.try_get(3).map_err(column)?;
+    Ok(Record {
+        status: status
+            .parse::<Status>()
+            .map_err(|e| unreadable(e.to_string()))?,
+        fence: u64::try_from(fence).map_err(|_| unreadable(format!("negative fence {fence}")))?,
+        fingerprint: row.try_get(4).map_err(column)?,
+        request_body: row.try_get(5).map_err(column)?,
+        response_body: row.try_get(6).map_err(column)?,
+        error_message: row.try_get(7).map_err(column)?,
+        lease_until: optional_stamp(row.try_get(8).map_err(column)?)?,
+        created_at: stamp(row.try_get(9).map_err(column)?)?,
+        completed_at: optional_stamp(row.try_get(10).map_err(column)?)?,
+        expires_at: stamp(row.try_get(11).map_err(column)?)?,
+        biz: biz.clone(),
+        key: key.clone(),
+    })
+}
+
+/// A driver error as the backend-independent [`StoreError`].
+pub(crate) fn driver_error(operation: &str, error: sqlx::Error) -> StoreError {
+    StoreError::with_source(format!("{operation} failed: {error}"), error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_text_round_trips_and_sorts_as_time() {
+        let at = UNIX_EPOCH + Duration::from_micros(1_764_432_000_123_456);
+        let text = sqlite_text(at);
+        assert_eq!(text, "2025-11-29 16:00:00.123456");
+        assert_eq!(text.clone().into_system_time().unwrap(), at);
+        assert!(sqlite_text(at + Duration::from_micros(1)) > text);
+        assert!(
+            sqlite_text(UNIX_EPOCH + Duration::from_secs(5))
+                < sqlite_text(UNIX_EPOCH + Duration::from_secs(40))
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! The store on SQLite (3.35 or later: the claim needs `RETURNING`).
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use idem_runtime::{Claim, Lease, StoreError};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+
+use crate::row::{driver_error, sqlite_text, Stamp};
+use crate::statements::{Flavor, Statements};
+use crate::store_impl::impl_idempotency_store;
+use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
+
+/// The oldest SQLite with `RETURNING` on an upsert.
+const MIN_VERSION: (u32, u32) = (3, 35);
+
+/// Idempotency records in a SQLite database file.
+///
+/// Instants are stored as fixed-width UTC text (`2026-11-29 16:00:00.123456`), which
+/// sorts as time and reads as it is in the `sqlite3` shell.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    sql: Statements,
+    upsert_sql: String,
+    purge_sql: String,
+}
+
+impl SqliteStore {
+    /// A store on the application's own pool, using the table `idempotent_record`.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::build(pool, DEFAULT_TABLE.to_owned())
+    }
+
+    /// Open (creating if missing) the database at `url` (`sqlite://path/to/file.db`)
+    /// with a 10 s busy timeout, so several processes can share it. [`migrate`]
+    /// switches the file to WAL journaling.
+    ///
+    /// [`migrate`]: Self::migrate
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| driver_error("parsing the SQLite url", e))?
+            .create_if_missing(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .connect_with(options)
+            .await
+            .map_err(|e| driver_error("connecting to SQLite", e))?;
+        Ok(Self::new(pool))
+    }
+
+    /// Use the table `name` instead (letters, digits and `_`).
+    pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
+        Ok(Self::build(self.pool, checked_table_name(name)?))
+    }
+
+    fn build(pool: SqlitePool, table: String) -> Self {
+        let sql = Statements::new(
+            &table,
+            &Flavor {
+                numbered: false,
+                greatest: "MAX",
+            },
+        );
+        let upsert_sql = format!(
+            "INSERT INTO {table} AS cur ({COLUMNS}) \
+             VALUES (?1, ?2, 'PROCESSING', 1, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7) \
+             ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
+               status = 'PROCESSING', \
+               fence = cur.fence + 1, \
+               fingerprint = CASE WHEN cur.expires_at <= ?6 THEN excluded.fingerprint \
+                             ELSE COALESCE(excluded.fingerprint, cur.fingerprint) END, \
+               request_body = excluded.request_body, \
+               response_body = NULL, \
+               error_message = NULL, \
+               lease_until = excluded.lease_until, \
+               created_at = CASE WHEN cur.expires_at <= ?6 THEN excluded.created_at ELSE cur.created_at END, \
+               completed_at = NULL, \
+               expires_at = excluded.expires_at \
+             WHERE cur.expires_at <= ?6 \
+                OR (cur.status = 'PROCESSING' AND cur.lease_until <= ?6 \
+                    AND (cur.fingerprint IS NULL OR excluded.fingerprint IS NULL \
+                         OR cur.fingerprint = excluded.fingerprint)) \
+             RETURNING fence, created_at"
+        );
+        let purge_sql = format!(
+            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
+             WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
+        );
+        Self {
+            pool,
+            sql,
+            upsert_sql,
+            purge_sql,
+        }
+    }
+
+    /// Switch the file to WAL journaling (readers never block the claim), create the
+    /// table and its `expires_at` index if they do not exist, then check that the table
+    /// has every column idem needs. Refuses SQLite older than 3.35. Writes nothing to
+    /// the application's `_sqlx_migrations`.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let version: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| driver_error("reading the SQLite version", e))?;
+        require_returning(&version)?;
+        self.use_wal().await?;
+        let table = &self.sql.table;
+        let create = format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\
+               biz_type TEXT NOT NULL, \
+               idempotent_key TEXT NOT NULL, \
+               status TEXT NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')), \
+               fence INTEGER NOT NULL, \
+               fingerprint TEXT, \
+               request_body TEXT, \
+               response_body TEXT, \
+               error_message TEXT, \
+               lease_until TEXT, \
+               created_at TEXT NOT NULL, \
+               completed_at TEXT, \
+               expires_at TEXT NOT NULL, \
+               PRIMARY KEY (biz_type, idempotent_key))"
+        );
+        let index = format!(
+            "CREATE INDEX IF NOT EXISTS {}_expires_at ON {table} (expires_at)",
+            index_prefix(table)
+        );
+        for statement in [create, index] {
+            sqlx::query(&statement)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| driver_error("creating the idempotency table", e))?;
+        }
+        self.check_columns().await
+    }
+
+    /// The switch to WAL takes the file's exclusive lock, which SQLite's busy timeout
+    /// does not wait for; processes starting together retry it a few times.
+    async fn use_wal(&self) -> Result<(), StoreError> {
+        let mut attempt = 0;
+        loop {
+            match sqlx::query("PRAGMA journal_mode = WAL")
+                .execute(&self.pool)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(error) if attempt < 50 && is_busy(&error) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt)).await;
+                }
+                Err(error) => return Err(driver_error("switching to WAL journaling", error)),
+            }
+        }
+    }
+
+    fn stamp(at: SystemTime) -> String {
+        sqlite_text(at)
+    }
+
+    async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
+        let granted = sqlx::query(&self.upsert_sql)
+            .bind(claim.biz)
+            .bind(claim.key)
+            .bind(claim.fingerprint)
+            .bind(claim.request_body)
+            .bind(Self::stamp(claim.lease_until()))
+            .bind(Self::stamp(claim.now))
+            .bind(Self::stamp(claim.expires_at()))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        granted
+            .map(|row| {
+                let fence: i64 = row.try_get(0).map_err(|e| driver_error("claim", e))?;
+                let created_at: String = row.try_get(1).map_err(|e| driver_error("claim", e))?;
+                Ok(Lease {
+                    biz: claim.biz.to_owned(),
+                    key: claim.key.to_owned(),
+                    fence: fence as u64,
+                    created_at: created_at.into_system_time().map_err(StoreError::new)?,
+                })
+            })
+            .transpose()
+    }
+
+    async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.purge_sql)
+            .bind(Self::stamp(now))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| driver_error("purge", e))?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl_idempotency_store!(SqliteStore, sqlx::Sqlite, String);
+
+fn is_busy(error: &sqlx::Error) -> bool {
+    // SQLITE_BUSY (5) and SQLITE_LOCKED (6).
+    matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("5" | "6")))
+}
+
+/// Refuse a SQLite without `RETURNING` on upserts, naming the version found.
+fn require_returning(version: &str) -> Result<(), StoreError> {
+    let mut parts = version
+        .split('.')
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found >= MIN_VERSION {
+        Ok(())
+    } else {
+        Err(StoreError::new(format!(
+            "SQLite {version} is too old for idem: the claim is one `INSERT … ON CONFLICT … RETURNING` \
+             statement, which needs SQLite {}.{} or later",
+            MIN_VERSION.0, MIN_VERSION.1
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::require_returning;
+
+    #[test]
+    fn refuses_sqlite_without_returning() {
+        assert!(require_returning("3.35.0").is_ok());
+        assert!(require_returning("3.46.1").is_ok());
+        let error = require_returning("3.34.1").unwrap_err().to_string();
+        assert!(
+            error.contains("SQLite 3.34.1 is too old") && error.contains("3.35"),
+            "{error}"
+        );
+    }
+}

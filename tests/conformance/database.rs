@@ -1,0 +1,144 @@
+//! Scenarios only a database store has: several pools on one database, restarts,
+//! rows edited by hand, a server that cannot be reached.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{Claim, ClaimOutcome, Error, Status};
+
+use super::calls::*;
+use super::unique;
+
+/// Two stores (two pools) on one database see one record.
+pub async fn two_stores_see_one_record(a: &Store, b: &Store) {
+    let key = unique("two-stores");
+    let runs = Runs::default();
+    let receipt = pay(a, &key, &runs, Duration::ZERO).await.unwrap();
+    assert_eq!(
+        pay(b, &key, &runs, Duration::ZERO).await.unwrap(),
+        receipt,
+        "replayed through the other pool"
+    );
+    assert_eq!(
+        a.get("conformance.pay", &key).await.unwrap(),
+        b.get("conformance.pay", &key).await.unwrap()
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+/// Claimants on two pools race to take over lapsed claims: one winner per key.
+pub async fn takeover_race_has_one_winner(a: &Store, b: &Store) {
+    let biz = unique("race");
+    let now = idem::now();
+    let hour = Duration::from_secs(3600);
+    for i in 0..20 {
+        let key = format!("k{i}");
+        let stale = Claim::new(&biz, &key, now - hour, Duration::from_secs(1), 2 * hour);
+        assert!(matches!(
+            a.claim(&stale).await.unwrap(),
+            ClaimOutcome::Acquired(_)
+        ));
+        let claim = Claim::new(&biz, &key, now, Duration::from_secs(30), hour);
+        let (first, second) = tokio::join!(a.claim(&claim), b.claim(&claim));
+        let outcomes = [first.unwrap(), second.unwrap()];
+        let winners: Vec<_> = outcomes
+            .iter()
+            .filter_map(|outcome| match outcome {
+                ClaimOutcome::Acquired(lease) => Some(lease.fence),
+                ClaimOutcome::Existing(record) => {
+                    assert_eq!((record.status, record.fence), (Status::Processing, 2));
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(
+            winners,
+            vec![2],
+            "exactly one takeover of {key}, with fence 2"
+        );
+    }
+}
+
+/// A record written before a restart (a new pool on the same database) is replayed.
+pub async fn record_survives_a_restart<F, Fut>(open: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Store>,
+{
+    let key = unique("restart");
+    let runs = Runs::default();
+    let before = {
+        let store = open().await;
+        pay(&store, &key, &runs, Duration::ZERO).await.unwrap()
+    };
+    let store = open().await;
+    assert_eq!(
+        pay(&store, &key, &runs, Duration::ZERO).await.unwrap(),
+        before
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+/// A `response_body` edited by hand into something that is not the type: `Decode`
+/// naming biz and key, and the row stays.
+pub async fn corrupted_response_is_a_decode_error<F, Fut>(store: &Store, corrupt: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = unique("corrupt");
+    let runs = Runs::default();
+    pay(store, &key, &runs, Duration::ZERO).await.unwrap();
+    corrupt(key.clone()).await;
+    let before = store
+        .get("conformance.pay", &key)
+        .await
+        .unwrap()
+        .expect("the row");
+    let error = pay(store, &key, &runs, Duration::ZERO)
+        .await
+        .unwrap_err()
+        .idem();
+    match &error {
+        Error::Decode { biz, key: k, .. } => {
+            assert_eq!((biz.as_str(), k), ("conformance.pay", &key))
+        }
+        other => panic!("expected Decode, got {other:?}"),
+    }
+    let message = error.to_string();
+    assert!(
+        message.contains("conformance.pay") && message.contains(&key),
+        "{message}"
+    );
+    assert_eq!(
+        store.get("conformance.pay", &key).await.unwrap(),
+        Some(before),
+        "nothing deleted"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+/// A database that cannot be reached: `Error::Store`, and the body does not run.
+pub async fn unreachable_database_fails_closed(store: &Store) {
+    let runs = Arc::new(Runs::default());
+    let error = pay(store, "any", &runs, Duration::ZERO)
+        .await
+        .unwrap_err()
+        .idem();
+    assert!(
+        matches!(
+            &error,
+            Error::Store {
+                operation: "claim",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(
+        std::error::Error::source(&error).is_some(),
+        "the cause is kept"
+    );
+    assert_eq!(runs.count(), 0, "fail closed: the body did not run");
+}

@@ -1,0 +1,109 @@
+//! The conformance suite on MySQL/MariaDB (`IDEM_TEST_MYSQL_URL`; `.ci/start-databases`
+//! starts a throwaway MariaDB).
+
+mod conformance;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::calls::Store;
+use idem::sqlx::MySqlStore;
+use idem::{Claim, ClaimOutcome, IdempotencyStore};
+
+async fn open() -> Option<MySqlStore> {
+    let url = conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB")?;
+    let store = MySqlStore::connect(&url).await.expect("connect to MariaDB");
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
+
+async fn open_dyn() -> Option<Store> {
+    Some(Arc::new(open().await?))
+}
+
+async fn corrupt(key: String) {
+    let store = open().await.unwrap();
+    idem::sqlx::query(
+        "UPDATE idempotent_record SET response_body = 'not json' WHERE idempotent_key = ?",
+    )
+    .bind(key)
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+fn unreachable() -> Store {
+    let pool = idem::sqlx::mysql::MySqlPoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("mysql://idem:idem@127.0.0.1:1/idem")
+        .unwrap();
+    Arc::new(MySqlStore::new(pool))
+}
+
+conformance_suite!(open_dyn());
+database_suite!();
+
+/// sqlx reports found rows, so "inserted" and "left unchanged" both say one row:
+/// a claim on a live lease must still be refused, and say whose record it is.
+#[tokio::test]
+async fn live_lease_conflict_is_refused_despite_found_rows() {
+    let Some(store) = open().await else { return };
+    let biz = conformance::unique("found-rows");
+    let now = idem::now();
+    let claim = Claim::new(
+        &biz,
+        "k",
+        now,
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Acquired(lease) = store.claim(&claim).await.unwrap() else {
+        panic!("first claim")
+    };
+    assert_eq!(lease.fence, 1);
+    for _ in 0..3 {
+        match store.claim(&claim).await.unwrap() {
+            ClaimOutcome::Existing(record) => assert_eq!(record.fence, 1),
+            other => panic!("a live lease was taken: {other:?}"),
+        }
+    }
+    let later = Claim::new(
+        &biz,
+        "k",
+        now + Duration::from_secs(31),
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Acquired(taken) = store.claim(&later).await.unwrap() else {
+        panic!("takeover")
+    };
+    assert_eq!(
+        (taken.fence, taken.created_at),
+        (2, lease.created_at),
+        "a takeover keeps the record's life"
+    );
+}
+
+/// Keys compare byte for byte: case and trailing spaces make different keys.
+#[tokio::test]
+async fn keys_are_exact() {
+    let Some(store) = open().await else { return };
+    let biz = conformance::unique("exact");
+    let now = idem::now();
+    for key in ["Key", "key", "key "] {
+        let claim = Claim::new(
+            &biz,
+            key,
+            now,
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        );
+        assert!(
+            matches!(
+                store.claim(&claim).await.unwrap(),
+                ClaimOutcome::Acquired(_)
+            ),
+            "{key:?}"
+        );
+    }
+}

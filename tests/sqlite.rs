@@ -1,0 +1,78 @@
+//! The conformance suite on a SQLite file.
+
+mod conformance;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::calls::Store;
+use idem::sqlx::SqliteStore;
+
+fn database_url() -> String {
+    let path = std::env::temp_dir().join(format!("idem-test-{}.db", std::process::id()));
+    format!("sqlite://{}", path.display())
+}
+
+async fn open() -> SqliteStore {
+    let store = SqliteStore::connect(&database_url())
+        .await
+        .expect("open the SQLite file");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+async fn open_dyn() -> Option<Store> {
+    Some(Arc::new(open().await))
+}
+
+async fn corrupt(key: String) {
+    idem::sqlx::query("UPDATE idempotent_record SET response_body = '{\"charge_no\": \"one\"' WHERE idempotent_key = ?")
+        .bind(key)
+        .execute(open().await.pool())
+        .await
+        .unwrap();
+}
+
+fn unreachable() -> Store {
+    let pool = idem::sqlx::sqlite::SqlitePoolOptions::new()
+        .acquire_timeout(Duration::from_secs(2))
+        .connect_lazy("sqlite:///nonexistent-dir/idem.db")
+        .unwrap();
+    Arc::new(SqliteStore::new(pool))
+}
+
+conformance_suite!(open_dyn());
+database_suite!();
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_table_names_are_checked() {
+    let store = open().await;
+    store
+        .migrate()
+        .await
+        .expect("a second migrate changes nothing");
+    let error = SqliteStore::new(store.pool().clone())
+        .with_table_name("x; DROP TABLE y")
+        .unwrap_err();
+    assert!(error.to_string().contains("invalid table name"), "{error}");
+    let other = SqliteStore::new(store.pool().clone())
+        .with_table_name("idem_other")
+        .unwrap();
+    let error = other.check_columns().await.unwrap_err().to_string();
+    assert!(
+        error.contains("idem_other") && error.contains("migrate()"),
+        "{error}"
+    );
+    other.migrate().await.unwrap();
+    assert_eq!(other.table_name(), "idem_other");
+    let migrations: i64 = idem::sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        migrations, 0,
+        "the application's migration history is not touched"
+    );
+}
