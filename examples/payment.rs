@@ -7,15 +7,16 @@
 //! 1/100 of the users, with `#[idempotent]` — and, with `--without-idem`, without it.
 //!
 //! ```text
-//! cargo run --example payment                  # one charge per user
+//! cargo run --example payment                    # one charge per user, records in a SQLite file
 //! cargo run --example payment -- --without-idem  # the incident
+//! cargo run --example payment -- --database-url postgres://user@127.0.0.1/db   # or mysql://…
 //! ```
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem::{idempotent, MemoryStore};
+use idem::{idempotent, IdempotencyStore};
 use serde::{Deserialize, Serialize};
 
 /// How long the slow bank takes (11 s that evening, at 1/10 scale).
@@ -107,10 +108,41 @@ impl PaymentService {
     }
 }
 
+/// The store named by `--database-url` (default: a SQLite file under `target/`).
+async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, idem::StoreError> {
+    Ok(if url.starts_with("postgres") {
+        let store = idem::sqlx::PostgresStore::connect(url).await?;
+        store.migrate().await?;
+        Arc::new(store)
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        let store = idem::sqlx::MySqlStore::connect(url).await?;
+        store.migrate().await?;
+        Arc::new(store)
+    } else {
+        let store = idem::SqliteStore::connect(url).await?;
+        store.migrate().await?;
+        Arc::new(store)
+    })
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protected = !std::env::args().any(|arg| arg == "--without-idem");
-    idem::install(Arc::new(MemoryStore::new()));
+    let args: Vec<String> = std::env::args().collect();
+    let protected = !args.iter().any(|arg| arg == "--without-idem");
+    let url = match args.iter().position(|arg| arg == "--database-url") {
+        Some(at) => args
+            .get(at + 1)
+            .ok_or("--database-url needs a value")?
+            .clone(),
+        None => "sqlite://target/idem-payment.db".to_owned(),
+    };
+    let store = open_store(&url).await?;
+    idem::install(store.clone());
+    // Request ids of this run: the database keeps earlier runs' records (and would
+    // rightly replay them).
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
     let service = Arc::new(PaymentService {
         bank: Bank::default(),
         sms: Sms::default(),
@@ -139,7 +171,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let send = |user: usize, attempt: &'static str| {
         let service = service.clone();
         let req = PayRequest {
-            request_id: format!("req-{user}"),
+            request_id: format!("run{run}-user{user}"),
             user: format!("user-{user}"),
             cents: 19_900,
         };
@@ -200,6 +232,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if protected {
         assert_eq!(charges.len(), USERS, "one charge per user");
         println!("every retry got the first receipt; nobody paid twice.");
+        println!();
+        println!("idempotent_record rows written in {url} (3 of {USERS}):");
+        println!(
+            "{:<8} {:<22} {:<8} {:>5}  {:<34} expires",
+            "biz_type", "idempotent_key", "status", "fence", "response_body"
+        );
+        for user in 0..3 {
+            let key = format!("run{run}-user{user}");
+            if let Some(row) = store.get("pay", &key).await? {
+                let ttl_left = row
+                    .expires_at
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default();
+                let expires = format!("in {:.1} h", ttl_left.as_secs_f64() / 3600.0);
+                println!(
+                    "{:<8} {:<22} {:<8} {:>5}  {:<34} {expires}",
+                    row.biz,
+                    row.key,
+                    row.status,
+                    row.fence,
+                    row.response_body.unwrap_or_default()
+                );
+            }
+        }
     } else {
         println!("that is the incident: run without --without-idem to see the fix.");
     }

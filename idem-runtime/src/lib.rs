@@ -50,3 +50,5 @@ pub use memory::MemoryStore;
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
 pub use store::IdempotencyStore;
+#[cfg(feature = "sweeper")]
+pub use sweeper::Sweeper;

@@ -23,8 +23,26 @@ pub async fn purge_expired(store: &dyn IdempotencyStore, batch: u64) -> Result<u
     }
 }
 
-/// Run [`purge_expired`] every `period` for as long as the returned task lives; errors
-/// are logged and retried at the next period.
+/// A store that can purge itself in the background.
+#[cfg(feature = "sweeper")]
+pub trait Sweeper: IdempotencyStore + Sized {
+    /// Spawn a task that runs [`purge_expired`] every `period`, in batches of
+    /// [`DEFAULT_BATCH`], until the returned handle is aborted; errors are logged and
+    /// retried at the next period.
+    fn continuously_purge(
+        self: std::sync::Arc<Self>,
+        period: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        continuously_purge(self, period, DEFAULT_BATCH)
+    }
+}
+
+#[cfg(feature = "sweeper")]
+impl<S: IdempotencyStore> Sweeper for S {}
+
+/// Run [`purge_expired`] on `store` every `period`, `batch` records a statement, until
+/// the returned task is aborted; errors are logged and retried at the next period.
+#[cfg(feature = "sweeper")]
 pub fn continuously_purge(
     store: std::sync::Arc<dyn IdempotencyStore>,
     period: Duration,

@@ -38,6 +38,11 @@ pub struct MySqlStore {
     purge_sql: String,
 }
 
+/// [`COLUMNS`] with the key columns converted to the connection's character set:
+/// their binary collation makes sqlx see bytes, not text.
+const SELECT_COLUMNS: &str = "CONVERT(biz_type USING utf8mb4), CONVERT(idempotent_key USING utf8mb4), status, fence, \
+     fingerprint, request_body, response_body, error_message, lease_until, created_at, completed_at, expires_at";
+
 /// The grant condition of DESIGN §3.2 over the row's current values; `VALUES(created_at)`
 /// is the claim's `now`.
 const GRANTED: &str = "(expires_at <= VALUES(created_at) OR (status = 'PROCESSING' \
@@ -70,6 +75,7 @@ impl MySqlStore {
             &Flavor {
                 numbered: false,
                 greatest: "GREATEST",
+                columns: SELECT_COLUMNS,
             },
         );
         // Order matters: first the columns the condition does not read; then

@@ -47,6 +47,7 @@ impl PostgresStore {
             &Flavor {
                 numbered: true,
                 greatest: "GREATEST",
+                columns: COLUMNS,
             },
         );
         let upsert_sql = format!(

@@ -61,8 +61,14 @@ where
     Ts: Stamp + Decode<'r, R::Database> + Type<R::Database>,
     Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let biz: String = row.try_get(0).unwrap_or_else(|_| "?".into());
-    let key: String = row.try_get(1).unwrap_or_else(|_| "?".into());
+    let identity = |e: sqlx::Error| {
+        StoreError::with_source(
+            format!("a record's biz_type or idempotent_key is unreadable: {e}"),
+            e,
+        )
+    };
+    let biz: String = row.try_get(0).map_err(identity)?;
+    let key: String = row.try_get(1).map_err(identity)?;
     let unreadable = |what: String| {
         StoreError::new(format!(
             "the record of biz `{biz}` key `{key}` is unreadable: {what}"

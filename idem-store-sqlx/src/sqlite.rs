@@ -61,6 +61,7 @@ impl SqliteStore {
             &Flavor {
                 numbered: false,
                 greatest: "MAX",
+                columns: COLUMNS,
             },
         );
         let upsert_sql = format!(

@@ -3,14 +3,14 @@
 //! Every holder write names its lease the same way — `fence` and `created_at` of the
 //! record's life, while it is `PROCESSING` — so a fenced-out holder matches no row.
 
-use crate::table::COLUMNS;
-
 /// What differs between dialects in the statements that are otherwise shared.
 pub(crate) struct Flavor {
     /// `$1, $2, …` placeholders (PostgreSQL) instead of `?`.
     pub numbered: bool,
     /// The larger of two values: `GREATEST` or SQLite's scalar `MAX`.
     pub greatest: &'static str,
+    /// The select list: [`COLUMNS`](crate::table::COLUMNS), or the dialect's way of reading them as text.
+    pub columns: &'static str,
 }
 
 /// Statements shared by all dialects, with `?` turned into the dialect's placeholders.
@@ -40,6 +40,7 @@ impl Statements {
             }
         };
         let greatest = flavor.greatest;
+        let columns = flavor.columns;
         let finish = |status: &str, column: &str| {
             sql(format!(
                 "UPDATE {table} SET status = '{status}', {column} = ?, lease_until = ?, completed_at = ?, expires_at = ? \
@@ -54,15 +55,15 @@ impl Statements {
             complete: finish("SUCCESS", "response_body"),
             fail: finish("FAIL", "error_message"),
             release: sql(format!("DELETE FROM {table} WHERE {HELD}")),
-            get: sql(format!("SELECT {COLUMNS} FROM {table} WHERE biz_type = ? AND idempotent_key = ?")),
+            get: sql(format!("SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?")),
             stuck: sql(format!(
-                "SELECT {COLUMNS} FROM {table} WHERE status = 'PROCESSING' AND created_at <= ? \
+                "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= ? \
                  ORDER BY created_at LIMIT ?"
             )),
             failed: sql(format!(
-                "SELECT {COLUMNS} FROM {table} WHERE status = 'FAIL' AND expires_at > ? ORDER BY completed_at LIMIT ?"
+                "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > ? ORDER BY completed_at LIMIT ?"
             )),
-            probe: format!("SELECT {COLUMNS} FROM {table} WHERE 1 = 0"),
+            probe: format!("SELECT {columns} FROM {table} WHERE 1 = 0"),
         }
     }
 }
@@ -86,12 +87,14 @@ pub(crate) fn numbered(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::COLUMNS;
 
     #[test]
     fn numbers_placeholders_for_postgres() {
         let flavor = Flavor {
             numbered: true,
             greatest: "GREATEST",
+            columns: COLUMNS,
         };
         let statements = Statements::new("t", &flavor);
         assert!(statements

@@ -142,3 +142,24 @@ pub async fn unreachable_database_fails_closed(store: &Store) {
     );
     assert_eq!(runs.count(), 0, "fail closed: the body did not run");
 }
+
+/// Leave a PROCESSING claim made two hours ago and a FAIL record; return their keys.
+pub async fn stuck_and_failed(store: &Store) -> (String, String) {
+    let stuck = unique("stuck");
+    let two_hours_ago = idem::now() - Duration::from_secs(7200);
+    let claim = Claim::new(
+        "conformance.stuck",
+        &stuck,
+        two_hours_ago,
+        Duration::from_secs(10),
+        Duration::from_secs(86_400),
+    );
+    assert!(matches!(
+        store.claim(&claim).await.unwrap(),
+        ClaimOutcome::Acquired(_)
+    ));
+    let failed = unique("failed");
+    let runs = Runs::default();
+    assert!(flaky_record(store, &failed, &runs, true).await.is_err());
+    (stuck, failed)
+}

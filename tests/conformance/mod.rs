@@ -99,9 +99,10 @@ macro_rules! conformance_suite {
     };
 }
 
-/// Generate the database-only tests. The calling file defines `open_dyn()` (a new
-/// store on a new pool), `corrupt(key)` (edit that record's `response_body` by hand)
-/// and `unreachable()` (a store whose server cannot be reached).
+/// Generate the database-only tests. The calling file defines `open()` and
+/// `open_dyn()` (a new store on a new pool, concrete or shared; `None` when the
+/// server is not available), `corrupt(key)` (edit that record's `response_body` by
+/// hand) and `unreachable()` (a store whose server cannot be reached).
 #[macro_export]
 macro_rules! database_suite {
     () => {
@@ -137,6 +138,30 @@ macro_rules! database_suite {
                 )
                 .await;
             }
+        }
+
+        #[tokio::test]
+        async fn reconciliation_lists_stuck_and_failed_records() {
+            let Some(store) = open().await else { return };
+            let shared: $crate::conformance::calls::Store = std::sync::Arc::new(store.clone());
+            let (stuck, failed) = $crate::conformance::database::stuck_and_failed(&shared).await;
+            let old = std::time::Duration::from_secs(3600);
+            let listed = store.stuck(old, 100_000).await.unwrap();
+            assert!(
+                listed.iter().any(|record| record.key == stuck),
+                "the old PROCESSING claim is listed"
+            );
+            assert!(listed
+                .iter()
+                .all(|record| record.status == idem::Status::Processing));
+            let listed = store.failed(100_000).await.unwrap();
+            assert!(
+                listed.iter().any(|record| record.key == failed),
+                "the FAIL record is listed"
+            );
+            assert!(listed
+                .iter()
+                .all(|record| record.status == idem::Status::Failed));
         }
 
         #[tokio::test]
