@@ -1,5 +1,6 @@
 //! Deleting expired records.
 
+#[cfg(feature = "sweeper")]
 use std::time::Duration;
 
 use crate::clock;

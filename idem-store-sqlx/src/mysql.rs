@@ -158,17 +158,19 @@ impl MySqlStore {
     }
 
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
-        let done = sqlx::query(&self.upsert_sql)
-            .bind(claim.biz)
-            .bind(claim.key)
-            .bind(claim.fingerprint)
-            .bind(claim.request_body)
-            .bind(Self::stamp(claim.lease_until()))
-            .bind(Self::stamp(claim.now))
-            .bind(Self::stamp(claim.expires_at()))
-            .execute(&self.pool)
-            .await
-            .map_err(|e| driver_error("claim", e))?;
+        let done = crate::claim::upsert_retrying_deadlocks(|| {
+            sqlx::query(&self.upsert_sql)
+                .bind(claim.biz)
+                .bind(claim.key)
+                .bind(claim.fingerprint)
+                .bind(claim.request_body)
+                .bind(Self::stamp(claim.lease_until()))
+                .bind(Self::stamp(claim.now))
+                .bind(Self::stamp(claim.expires_at()))
+                .execute(&self.pool)
+        })
+        .await
+        .map_err(|e| driver_error("claim", e))?;
         let lease = |fence, created_at| Lease {
             biz: claim.biz.to_owned(),
             key: claim.key.to_owned(),

@@ -162,17 +162,19 @@ impl SqliteStore {
     }
 
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
-        let granted = sqlx::query(&self.upsert_sql)
-            .bind(claim.biz)
-            .bind(claim.key)
-            .bind(claim.fingerprint)
-            .bind(claim.request_body)
-            .bind(Self::stamp(claim.lease_until()))
-            .bind(Self::stamp(claim.now))
-            .bind(Self::stamp(claim.expires_at()))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| driver_error("claim", e))?;
+        let granted = crate::claim::upsert_retrying_deadlocks(|| {
+            sqlx::query(&self.upsert_sql)
+                .bind(claim.biz)
+                .bind(claim.key)
+                .bind(claim.fingerprint)
+                .bind(claim.request_body)
+                .bind(Self::stamp(claim.lease_until()))
+                .bind(Self::stamp(claim.now))
+                .bind(Self::stamp(claim.expires_at()))
+                .fetch_optional(&self.pool)
+        })
+        .await
+        .map_err(|e| driver_error("claim", e))?;
         granted
             .map(|row| {
                 let fence: i64 = row.try_get(0).map_err(|e| driver_error("claim", e))?;
