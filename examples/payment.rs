@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem::{idempotent, IdempotencyStore};
+use idem::idempotent;
 use serde::{Deserialize, Serialize};
 
 /// How long the slow bank takes (11 s that evening, at 1/10 scale).
@@ -97,10 +97,8 @@ impl PaymentService {
         let charge_id = self.bank.charge(&req.user, req.cents).await;
         // The side effect reuses the call's key, so a retry does not text twice.
         let dedup_key = idem::context().map(|call| call.effect_key("sms"));
-        self.sms.send(
-            dedup_key,
-            format!("{}: you paid ¥{}", req.user, req.cents / 100),
-        );
+        self.sms
+            .send(dedup_key, format!("{}: you paid ¥{}", req.user, req.cents / 100));
         Ok(Receipt {
             charge_id,
             cents: req.cents,
@@ -108,35 +106,15 @@ impl PaymentService {
     }
 }
 
-/// The store named by `--database-url` (default: a SQLite file under `target/`).
-async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, idem::StoreError> {
-    Ok(if url.starts_with("postgres") {
-        let store = idem::sqlx::PostgresStore::connect(url).await?;
-        store.migrate().await?;
-        Arc::new(store)
-    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
-        let store = idem::sqlx::MySqlStore::connect(url).await?;
-        store.migrate().await?;
-        Arc::new(store)
-    } else {
-        let store = idem::SqliteStore::connect(url).await?;
-        store.migrate().await?;
-        Arc::new(store)
-    })
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let protected = !args.iter().any(|arg| arg == "--without-idem");
     let url = match args.iter().position(|arg| arg == "--database-url") {
-        Some(at) => args
-            .get(at + 1)
-            .ok_or("--database-url needs a value")?
-            .clone(),
+        Some(at) => args.get(at + 1).ok_or("--database-url needs a value")?.clone(),
         None => "sqlite://target/idem-payment.db".to_owned(),
     };
-    let store = open_store(&url).await?;
+    let store = idem::sqlx::open(&url).await?;
     idem::install(store.clone());
     // Request ids of this run: the database keeps earlier runs' records (and would
     // rightly replay them).
@@ -148,12 +126,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         sms: Sms::default(),
     });
     let started = Instant::now();
-    let at = move || {
-        format!(
-            "22:00:{:04.1}",
-            3.0 + started.elapsed().as_secs_f64() * 10.0
-        )
-    };
+    let at = move || format!("22:00:{:04.1}", 3.0 + started.elapsed().as_secs_f64() * 10.0);
 
     println!(
         "{}",
@@ -194,10 +167,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         requests.push(send(user, "second click"));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    println!(
-        "{} the gateway times out and retries user-0's request twice",
-        at()
-    );
+    println!("{} the gateway times out and retries user-0's request twice", at());
     requests.push(send(0, "gateway retry"));
     requests.push(send(0, "gateway retry"));
 
@@ -212,13 +182,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let charges = service.bank.charges.lock().unwrap().clone();
     let charged_twice = (0..USERS)
-        .filter(|user| {
-            charges
-                .iter()
-                .filter(|(who, _)| *who == format!("user-{user}"))
-                .count()
-                > 1
-        })
+        .filter(|user| charges.iter().filter(|(who, _)| *who == format!("user-{user}")).count() > 1)
         .count();
     let total: u64 = charges.iter().map(|(_, cents)| cents).sum();
     println!();

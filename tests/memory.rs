@@ -4,9 +4,7 @@ mod conformance;
 
 use std::sync::Arc;
 
-conformance_suite!(async {
-    Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn idem::IdempotencyStore>)
-});
+conformance_suite!(async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn idem::IdempotencyStore>) });
 
 #[tokio::test]
 async fn the_sweeper_purges_in_the_background() {
@@ -17,17 +15,8 @@ async fn the_sweeper_purges_in_the_background() {
     let long_ago = idem::now() - Duration::from_secs(3600);
     for i in 0..2500 {
         let key = format!("k{i}");
-        let claim = Claim::new(
-            "sweep",
-            &key,
-            long_ago,
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        );
-        assert!(matches!(
-            store.claim(&claim).await.unwrap(),
-            ClaimOutcome::Acquired(_)
-        ));
+        let claim = Claim::new("sweep", &key, long_ago, Duration::from_secs(1), Duration::from_secs(60));
+        assert!(matches!(store.claim(&claim).await.unwrap(), ClaimOutcome::Acquired(_)));
     }
     let live = Claim::new(
         "sweep",
@@ -36,10 +25,7 @@ async fn the_sweeper_purges_in_the_background() {
         Duration::from_secs(30),
         Duration::from_secs(60),
     );
-    assert!(matches!(
-        store.claim(&live).await.unwrap(),
-        ClaimOutcome::Acquired(_)
-    ));
+    assert!(matches!(store.claim(&live).await.unwrap(), ClaimOutcome::Acquired(_)));
     let sweeper = store.clone().continuously_purge(Duration::from_millis(20));
     tokio::time::sleep(Duration::from_millis(300)).await;
     sweeper.abort();

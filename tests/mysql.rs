@@ -23,13 +23,11 @@ async fn open_dyn() -> Option<Store> {
 
 async fn corrupt(key: String) {
     let store = open().await.unwrap();
-    idem::sqlx::query(
-        "UPDATE idempotent_record SET response_body = 'not json' WHERE idempotent_key = ?",
-    )
-    .bind(key)
-    .execute(store.pool())
-    .await
-    .unwrap();
+    idem::sqlx::query("UPDATE idempotent_record SET response_body = 'not json' WHERE idempotent_key = ?")
+        .bind(key)
+        .execute(store.pool())
+        .await
+        .unwrap();
 }
 
 fn unreachable() -> Store {
@@ -50,13 +48,7 @@ async fn live_lease_conflict_is_refused_despite_found_rows() {
     let Some(store) = open().await else { return };
     let biz = conformance::unique("found-rows");
     let now = idem::now();
-    let claim = Claim::new(
-        &biz,
-        "k",
-        now,
-        Duration::from_secs(30),
-        Duration::from_secs(60),
-    );
+    let claim = Claim::new(&biz, "k", now, Duration::from_secs(30), Duration::from_secs(60));
     let ClaimOutcome::Acquired(lease) = store.claim(&claim).await.unwrap() else {
         panic!("first claim")
     };
@@ -91,18 +83,9 @@ async fn keys_are_exact() {
     let biz = conformance::unique("exact");
     let now = idem::now();
     for key in ["Key", "key", "key "] {
-        let claim = Claim::new(
-            &biz,
-            key,
-            now,
-            Duration::from_secs(30),
-            Duration::from_secs(60),
-        );
+        let claim = Claim::new(&biz, key, now, Duration::from_secs(30), Duration::from_secs(60));
         assert!(
-            matches!(
-                store.claim(&claim).await.unwrap(),
-                ClaimOutcome::Acquired(_)
-            ),
+            matches!(store.claim(&claim).await.unwrap(), ClaimOutcome::Acquired(_)),
             "{key:?}"
         );
     }

@@ -11,9 +11,7 @@ use idem::sqlx::PostgresStore;
 
 async fn open() -> Option<PostgresStore> {
     let url = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
-    let store = PostgresStore::connect(&url)
-        .await
-        .expect("connect to PostgreSQL");
+    let store = PostgresStore::connect(&url).await.expect("connect to PostgreSQL");
     store.migrate().await.expect("migrate");
     Some(store)
 }
@@ -24,13 +22,11 @@ async fn open_dyn() -> Option<Store> {
 
 async fn corrupt(key: String) {
     let store = open().await.unwrap();
-    idem::sqlx::query(
-        "UPDATE idempotent_record SET response_body = '[1, 2' WHERE idempotent_key = $1",
-    )
-    .bind(key)
-    .execute(store.pool())
-    .await
-    .unwrap();
+    idem::sqlx::query("UPDATE idempotent_record SET response_body = '[1, 2' WHERE idempotent_key = $1")
+        .bind(key)
+        .execute(store.pool())
+        .await
+        .unwrap();
 }
 
 fn unreachable() -> Store {
@@ -47,10 +43,7 @@ database_suite!();
 #[tokio::test]
 async fn timestamps_are_native_and_migrations_untouched() {
     let Some(store) = open().await else { return };
-    store
-        .migrate()
-        .await
-        .expect("a second migrate changes nothing");
+    store.migrate().await.expect("a second migrate changes nothing");
     let types: Vec<(String, String)> = idem::sqlx::query_as(
         "SELECT column_name::text, data_type::text FROM information_schema.columns \
          WHERE table_name = 'idempotent_record' AND column_name LIKE '%_at' OR column_name = 'lease_until' \
@@ -64,13 +57,9 @@ async fn timestamps_are_native_and_migrations_untouched() {
         types.iter().all(|(_, ty)| ty == "timestamp with time zone"),
         "{types:?}"
     );
-    let history: Option<String> =
-        idem::sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-    assert_eq!(
-        history, None,
-        "the application's migration history is not touched"
-    );
+    let history: Option<String> = idem::sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(history, None, "the application's migration history is not touched");
 }

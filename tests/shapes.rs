@@ -57,12 +57,7 @@ impl Service {
 
 /// A generic fn with a where clause, an `impl Trait` parameter and a pattern.
 #[idempotent(key = key, biz = "shapes.generic", store = store)]
-async fn generic<K, S>(
-    store: &S,
-    key: K,
-    (a, b): (u32, u32),
-    extra: impl Display + Send,
-) -> Result<String, AppError>
+async fn generic<K, S>(store: &S, key: K, (a, b): (u32, u32), extra: impl Display + Send) -> Result<String, AppError>
 where
     K: Display + Send,
     S: IdempotencyStore,
@@ -76,9 +71,10 @@ async fn early(store: &MemoryStore, n: i64) -> Result<i64, AppError> {
     if n < 0 {
         return Ok(0);
     }
-    let parsed: i64 = n.to_string().parse().map_err(|_| idem::Error::NoStore {
-        biz: "never".into(),
-    })?;
+    let parsed: i64 = n
+        .to_string()
+        .parse()
+        .map_err(|_| idem::Error::NoStore { biz: "never".into() })?;
     Ok(parsed * 2)
 }
 
@@ -111,21 +107,9 @@ async fn every_shape_runs_once_per_key() {
         charged: 0,
     };
     assert_eq!(service.by_ref(7, 9).await.unwrap(), "7/9");
-    assert_eq!(
-        store
-            .get("shapes.method", "7:9")
-            .await
-            .unwrap()
-            .unwrap()
-            .fence,
-        1
-    );
+    assert_eq!(store.get("shapes.method", "7:9").await.unwrap().unwrap().fence, 1);
     assert_eq!(service.by_mut(1, 50).await.unwrap(), 50);
-    assert_eq!(
-        service.by_mut(1, 50).await.unwrap(),
-        50,
-        "replayed, not charged again"
-    );
+    assert_eq!(service.by_mut(1, 50).await.unwrap(), 50, "replayed, not charged again");
     assert_eq!(service.by_mut(2, 25).await.unwrap(), 75);
     assert_eq!(service.charged, 75);
     service.on_dyn("a").await.unwrap();
@@ -140,11 +124,7 @@ async fn every_shape_runs_once_per_key() {
     assert_eq!(early(&plain, -1).await.unwrap(), 0);
     assert_eq!(early(&plain, 21).await.unwrap(), 42);
     assert_eq!(via_renamed(&plain, 3).await.unwrap(), 3);
-    assert_eq!(
-        via_renamed(&plain, 5).await.unwrap(),
-        3,
-        "5 % 2 == 3 % 2: the same key"
-    );
+    assert_eq!(via_renamed(&plain, 5).await.unwrap(), 3, "5 % 2 == 3 % 2: the same key");
 }
 
 #[tokio::test]
@@ -153,18 +133,10 @@ async fn the_builder_is_the_same_operation() {
     let op = idem::Idempotent::new("shapes.builder")
         .store(store.clone())
         .payload(&("a", 1));
-    let first: u32 = op
-        .execute("k", async { Ok::<_, idem::Error>(1) })
-        .await
-        .unwrap();
-    let again: u32 = op
-        .execute("k", async { Ok::<_, idem::Error>(2) })
-        .await
-        .unwrap();
+    let first: u32 = op.execute("k", async { Ok::<_, idem::Error>(1) }).await.unwrap();
+    let again: u32 = op.execute("k", async { Ok::<_, idem::Error>(2) }).await.unwrap();
     assert_eq!((first, again), (1, 1));
-    let other = idem::Idempotent::new("shapes.builder")
-        .store(store)
-        .payload(&("a", 2));
+    let other = idem::Idempotent::new("shapes.builder").store(store).payload(&("a", 2));
     let error = other
         .execute("k", async { Ok::<u32, idem::Error>(3) })
         .await

@@ -26,11 +26,13 @@ async fn open_dyn() -> Option<Store> {
 }
 
 async fn corrupt(key: String) {
-    idem::sqlx::query("UPDATE idempotent_record SET response_body = '{\"charge_no\": \"one\"' WHERE idempotent_key = ?")
-        .bind(key)
-        .execute(open().await.unwrap().pool())
-        .await
-        .unwrap();
+    idem::sqlx::query(
+        "UPDATE idempotent_record SET response_body = '{\"charge_no\": \"one\"' WHERE idempotent_key = ?",
+    )
+    .bind(key)
+    .execute(open().await.unwrap().pool())
+    .await
+    .unwrap();
 }
 
 fn unreachable() -> Store {
@@ -47,10 +49,7 @@ database_suite!();
 #[tokio::test]
 async fn migrate_is_idempotent_and_table_names_are_checked() {
     let store = open().await.unwrap();
-    store
-        .migrate()
-        .await
-        .expect("a second migrate changes nothing");
+    store.migrate().await.expect("a second migrate changes nothing");
     let error = SqliteStore::new(store.pool().clone())
         .with_table_name("x; DROP TABLE y")
         .unwrap_err();
@@ -59,20 +58,13 @@ async fn migrate_is_idempotent_and_table_names_are_checked() {
         .with_table_name("idem_other")
         .unwrap();
     let error = other.check_columns().await.unwrap_err().to_string();
-    assert!(
-        error.contains("idem_other") && error.contains("migrate()"),
-        "{error}"
-    );
+    assert!(error.contains("idem_other") && error.contains("migrate()"), "{error}");
     other.migrate().await.unwrap();
     assert_eq!(other.table_name(), "idem_other");
-    let migrations: i64 = idem::sqlx::query_scalar(
-        "SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'",
-    )
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    assert_eq!(
-        migrations, 0,
-        "the application's migration history is not touched"
-    );
+    let migrations: i64 =
+        idem::sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE name = '_sqlx_migrations'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(migrations, 0, "the application's migration history is not touched");
 }

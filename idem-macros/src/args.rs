@@ -66,14 +66,9 @@ impl Args {
                 return Err(unknown_option(&option.name));
             }
             if let Some(first) = seen.iter().find(|seen| **seen == option.name) {
-                let mut error = syn::Error::new(
-                    option.name.span(),
-                    format!("option `{name}` is given twice; keep one"),
-                );
-                error.combine(syn::Error::new(
-                    first.span(),
-                    format!("`{name}` is first given here"),
-                ));
+                let mut error =
+                    syn::Error::new(option.name.span(), format!("option `{name}` is given twice; keep one"));
+                error.combine(syn::Error::new(first.span(), format!("`{name}` is first given here")));
                 return Err(error);
             }
             builder.set(&name, option.value)?;
@@ -106,9 +101,7 @@ impl Builder {
             "lease" => self.lease = Some(duration("lease", &value)?),
             "wait" => self.wait = Some(duration("wait", &value)?),
             "mode" => self.mode = Some(variant("mode", &value, &["ReturnFirst", "Reject"])?),
-            "on_error" => {
-                self.on_error = Some(variant("on_error", &value, &["Release", "Record"])?)
-            }
+            "on_error" => self.on_error = Some(variant("on_error", &value, &["Release", "Record"])?),
             "payload" => self.payload = Some(value),
             "store" => self.store = Some(value),
             _ => self.krate = Some(crate_path(value)?),
@@ -120,15 +113,11 @@ impl Builder {
         let missing = |name: &str, example: &str| {
             syn::Error::new(
                 Span::call_site(),
-                format!(
-                    "missing option `{name}`: add `{name} = {example}` to `#[idempotent(...)]`"
-                ),
+                format!("missing option `{name}`: add `{name} = {example}` to `#[idempotent(...)]`"),
             )
         };
         Ok(Args {
-            key: self
-                .key
-                .ok_or_else(|| missing("key", "\"req.request_id\""))?,
+            key: self.key.ok_or_else(|| missing("key", "\"req.request_id\""))?,
             biz: self.biz.ok_or_else(|| missing("biz", "\"pay\""))?,
             ttl: self.ttl,
             lease: self.lease,
@@ -164,9 +153,7 @@ fn unknown_option(name: &Ident) -> syn::Error {
 
 fn string_literal(value: &Expr) -> Option<&LitStr> {
     match value {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(lit), ..
-        }) => Some(lit),
+        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => Some(lit),
         _ => None,
     }
 }
@@ -230,10 +217,7 @@ fn duration(name: &str, value: &Expr) -> syn::Result<Millis> {
             format!("`{name}` must be positive: use at least \"1ms\""),
         )),
         Ok(millis) => Ok(Millis(millis)),
-        Err(problem) => Err(syn::Error::new(
-            lit.span(),
-            format!("bad `{name}`: {problem}"),
-        )),
+        Err(problem) => Err(syn::Error::new(lit.span(), format!("bad `{name}`: {problem}"))),
     }
 }
 
@@ -245,18 +229,11 @@ fn variant(name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
         .collect::<Vec<_>>()
         .join(" or ");
     let ident = match value {
-        Expr::Path(path) => path
-            .path
-            .segments
-            .last()
-            .map(|segment| segment.ident.clone()),
+        Expr::Path(path) => path.path.segments.last().map(|segment| segment.ident.clone()),
         _ => None,
     };
     let Some(ident) = ident else {
-        return Err(syn::Error::new(
-            value.span(),
-            format!("`{name}` must be {expected}"),
-        ));
+        return Err(syn::Error::new(value.span(), format!("`{name}` must be {expected}")));
     };
     if allowed.iter().any(|v| ident == v) {
         return Ok(ident);
@@ -276,9 +253,7 @@ fn variant(name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
 fn crate_path(value: Expr) -> syn::Result<Path> {
     match value {
         Expr::Path(path) if path.qself.is_none() => Ok(path.path),
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(lit), ..
-        }) => lit.parse(),
+        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => lit.parse(),
         other => Err(syn::Error::new(
             other.span(),
             "`crate` must be a path to the idem crate, e.g. `crate = ::my_idem`",
@@ -326,9 +301,7 @@ mod tests {
         assert!(error_of(quote!(key = "a", key = "b", biz = "c")).contains("given twice"));
         assert!(error_of(quote!(biz = "b")).contains("missing option `key`"));
         assert!(error_of(quote!(key = "a", biz = "b", ttl = "0s")).contains("must be positive"));
-        assert!(
-            error_of(quote!(key = "a", biz = "b", mode = Rejct)).contains("did you mean `Reject`?")
-        );
+        assert!(error_of(quote!(key = "a", biz = "b", mode = Rejct)).contains("did you mean `Reject`?"));
         assert!(error_of(quote!(key = "a +", biz = "b")).contains("is not a Rust expression"));
     }
 }

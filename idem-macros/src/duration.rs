@@ -11,8 +11,7 @@ const UNITS: [(&str, u64); 5] = [
 
 /// Parse `text` as one or more `<number><unit>` parts (`ms s m h d`) into milliseconds.
 pub fn parse_millis(text: &str) -> Result<u64, String> {
-    let hint =
-        "write a duration such as \"500ms\", \"30s\", \"24h\" or \"1h30m\" (units: ms, s, m, h, d)";
+    let hint = "write a duration such as \"500ms\", \"30s\", \"24h\" or \"1h30m\" (units: ms, s, m, h, d)";
     if text.trim().is_empty() {
         return Err(format!("empty duration: {hint}"));
     }
@@ -21,9 +20,7 @@ pub fn parse_millis(text: &str) -> Result<u64, String> {
     while !rest.is_empty() {
         let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
         if digits == 0 {
-            return Err(format!(
-                "expected a number at `{rest}` in \"{text}\": {hint}"
-            ));
+            return Err(format!("expected a number at `{rest}` in \"{text}\": {hint}"));
         }
         let (number, after) = rest.split_at(digits);
         let Some((unit, millis)) = UNITS.iter().find(|(unit, _)| after.starts_with(unit)) else {
@@ -61,16 +58,10 @@ mod tests {
 
     #[test]
     fn explains_what_is_wrong() {
-        assert!(parse_millis("24x")
-            .unwrap_err()
-            .contains("unknown unit `x`"));
-        assert!(parse_millis("24")
-            .unwrap_err()
-            .contains("missing unit after `24`"));
+        assert!(parse_millis("24x").unwrap_err().contains("unknown unit `x`"));
+        assert!(parse_millis("24").unwrap_err().contains("missing unit after `24`"));
         assert!(parse_millis("h").unwrap_err().contains("expected a number"));
         assert!(parse_millis("").unwrap_err().contains("empty duration"));
-        assert!(parse_millis("99999999999999999d")
-            .unwrap_err()
-            .contains("too long"));
+        assert!(parse_millis("99999999999999999d").unwrap_err().contains("too long"));
     }
 }

@@ -27,12 +27,7 @@ pub fn check_fn(item: &ItemFn) -> syn::Result<()> {
 
 /// The fn with its body replaced by claim → execute → record.
 pub fn expand(args: Args, item: ItemFn) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        sig,
-        block,
-    } = item;
+    let ItemFn { attrs, vis, sig, block } = item;
     let krate = args
         .krate
         .map_or_else(|| quote!(::idem), |path| path.into_token_stream());
@@ -59,24 +54,19 @@ pub fn expand(args: Args, item: ItemFn) -> TokenStream {
     let ttl = millis("ttl", &args.ttl);
     let lease = millis("lease", &args.lease);
     let wait = millis("wait", &args.wait);
-    let mode = args
-        .mode
-        .map(|variant| quote!(.mode(#krate::Mode::#variant)));
+    let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));
     let on_error = args
         .on_error
         .map(|variant| quote!(.on_error(#krate::OnError::#variant)));
-    let payload = args.payload.map(|payload| {
-        quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));)
-    });
+    let payload = args
+        .payload
+        .map(|payload| quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));));
     let (store_stmt, store_arg) = match args.store {
         Some(store) => (
             quote_spanned!(store.span()=> let __idem_store = #private::store(&(#store));),
             quote_spanned!(ret_span=> ::core::option::Option::Some(&*__idem_store)),
         ),
-        None => (
-            quote!(),
-            quote_spanned!(ret_span=> ::core::option::Option::None),
-        ),
+        None => (quote!(), quote_spanned!(ret_span=> ::core::option::Option::None)),
     };
     // The whole call is spanned on the return type: an unmet bound on `T` or `E` is
     // reported there, once.
@@ -153,19 +143,13 @@ mod tests {
             }
         ))
         .unwrap();
-        assert!(check_fn(&sync)
-            .unwrap_err()
-            .to_string()
-            .contains("`async fn` only"));
+        assert!(check_fn(&sync).unwrap_err().to_string().contains("`async fn` only"));
         let konst: ItemFn = syn::parse2(quote!(
             const fn f() -> Result<(), E> {
                 Ok(())
             }
         ))
         .unwrap();
-        assert!(check_fn(&konst)
-            .unwrap_err()
-            .to_string()
-            .contains("`const fn`"));
+        assert!(check_fn(&konst).unwrap_err().to_string().contains("`const fn`"));
     }
 }

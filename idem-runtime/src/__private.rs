@@ -149,12 +149,7 @@ pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
 }
 
 /// Run the body of an `#[idempotent]` fn.
-pub async fn run<R, F>(
-    op: &Idempotent,
-    store: Option<&dyn IdempotencyStore>,
-    key: String,
-    body: F,
-) -> R
+pub async fn run<R, F>(op: &Idempotent, store: Option<&dyn IdempotencyStore>, key: String, body: F) -> R
 where
     R: IdempotentReturn,
     R::Ok: Replayable,

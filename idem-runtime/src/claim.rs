@@ -30,13 +30,7 @@ pub struct Claim<'a> {
 
 impl<'a> Claim<'a> {
     /// A claim of `(biz, key)` at `now` for `lease`, kept for `ttl`.
-    pub fn new(
-        biz: &'a str,
-        key: &'a str,
-        now: SystemTime,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Self {
+    pub fn new(biz: &'a str, key: &'a str, now: SystemTime, lease: Duration, ttl: Duration) -> Self {
         Self {
             biz,
             key,
@@ -79,8 +73,7 @@ impl<'a> Claim<'a> {
         if existing.is_expired(self.now) {
             return true;
         }
-        existing.lease_lapsed(self.now)
-            && fingerprints_agree(existing.fingerprint.as_deref(), self.fingerprint)
+        existing.lease_lapsed(self.now) && fingerprints_agree(existing.fingerprint.as_deref(), self.fingerprint)
     }
 
     /// The record a granted claim leaves behind. A fresh record starts at fence 1; a
@@ -89,15 +82,11 @@ impl<'a> Claim<'a> {
     pub fn granted(&self, existing: Option<&Record>) -> Record {
         let (fence, created_at, fingerprint) = match existing {
             None => (1, self.now, self.fingerprint.map(str::to_owned)),
-            Some(old) if old.is_expired(self.now) => {
-                (old.fence + 1, self.now, self.fingerprint.map(str::to_owned))
-            }
+            Some(old) if old.is_expired(self.now) => (old.fence + 1, self.now, self.fingerprint.map(str::to_owned)),
             Some(old) => (
                 old.fence + 1,
                 old.created_at,
-                self.fingerprint
-                    .map(str::to_owned)
-                    .or_else(|| old.fingerprint.clone()),
+                self.fingerprint.map(str::to_owned).or_else(|| old.fingerprint.clone()),
             ),
         };
         Record {
@@ -164,9 +153,7 @@ impl Lease {
     /// Whether `record` is still held under this lease (same life, same fence, still
     /// `Processing`).
     pub fn holds(&self, record: &Record) -> bool {
-        record.status == Status::Processing
-            && record.fence == self.fence
-            && record.created_at == self.created_at
+        record.status == Status::Processing && record.fence == self.fence && record.created_at == self.created_at
     }
 }
 

@@ -27,16 +27,11 @@ impl SharedStore for Arc<dyn IdempotencyStore> {
 /// Make `store` the default for every call that names no store, and return the one it
 /// replaces. Call it once at start-up, before serving requests.
 pub fn install(store: impl SharedStore) -> Option<Arc<dyn IdempotencyStore>> {
-    let mut slot = DEFAULT
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut slot = DEFAULT.write().unwrap_or_else(|poisoned| poisoned.into_inner());
     slot.replace(store.into_shared())
 }
 
 /// The store installed by [`install`], if any.
 pub fn installed() -> Option<Arc<dyn IdempotencyStore>> {
-    DEFAULT
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone()
+    DEFAULT.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
 }

@@ -29,6 +29,11 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
 const WAIT_LONGEST_POLL: Duration = Duration::from_millis(100);
 
+/// Retrying the record of a finished body while the store is unreachable: first and
+/// longest pause.
+const COMPLETE_FIRST_RETRY: Duration = Duration::from_millis(50);
+const COMPLETE_LONGEST_RETRY: Duration = Duration::from_secs(1);
+
 /// The options of one idempotent operation, and the way to run it.
 ///
 /// This is what `#[idempotent]` expands to; use it directly where an attribute does
@@ -150,12 +155,7 @@ impl Idempotent {
     }
 
     /// [`execute`](Self::execute) on the given `store`.
-    pub async fn execute_on<T, E, F>(
-        &self,
-        store: &dyn IdempotencyStore,
-        key: impl Display,
-        body: F,
-    ) -> Result<T, E>
+    pub async fn execute_on<T, E, F>(&self, store: &dyn IdempotencyStore, key: impl Display, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
@@ -188,14 +188,8 @@ impl Call<'_> {
         let wait_until = self.op.wait.map(|wait| Instant::now() + wait);
         let mut pause = WAIT_FIRST_POLL;
         loop {
-            let claim = Claim::new(
-                &self.op.biz,
-                &self.key,
-                clock::now(),
-                self.op.lease,
-                self.op.ttl,
-            )
-            .with_fingerprint(fingerprint.as_deref());
+            let claim = Claim::new(&self.op.biz, &self.key, clock::now(), self.op.lease, self.op.ttl)
+                .with_fingerprint(fingerprint.as_deref());
             let outcome = self
                 .store
                 .claim(&claim)
@@ -206,15 +200,12 @@ impl Call<'_> {
                 ClaimOutcome::Existing(record) => record,
             };
             if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint.as_deref()) {
-                return Err(self
-                    .error(|biz, key| Error::PayloadMismatch { biz, key })
-                    .into());
+                return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }).into());
             }
             if record.status != Status::Processing {
                 return self.answer_finished(record);
             }
-            let remaining =
-                wait_until.and_then(|until| until.checked_duration_since(Instant::now()));
+            let remaining = wait_until.and_then(|until| until.checked_duration_since(Instant::now()));
             match remaining {
                 Some(remaining) if !remaining.is_zero() => {
                     tokio::time::sleep(pause.min(remaining)).await;
@@ -253,9 +244,7 @@ impl Call<'_> {
     fn answer_finished<T: DeserializeOwned, E: From<Error>>(&self, record: Record) -> Result<T, E> {
         let error = match (record.status, self.op.mode) {
             (Status::Succeeded, Mode::ReturnFirst) => return self.replay(&record).map_err(E::from),
-            (Status::Succeeded, Mode::Reject) => {
-                self.error(|biz, key| Error::Duplicate { biz, key })
-            }
+            (Status::Succeeded, Mode::Reject) => self.error(|biz, key| Error::Duplicate { biz, key }),
             _ => self.error(|biz, key| Error::PreviousFailed {
                 biz,
                 key,
@@ -268,9 +257,7 @@ impl Call<'_> {
     fn replay<T: DeserializeOwned>(&self, record: &Record) -> Result<T, Error> {
         let decoded = match record.response_body.as_deref() {
             Some(json) => serde_json::from_str(json),
-            None => Err(serde_json::Error::custom(
-                "the SUCCESS record has no response_body",
-            )),
+            None => Err(serde_json::Error::custom("the SUCCESS record has no response_body")),
         };
         decoded.map_err(|source| self.error(|biz, key| Error::Decode { biz, key, source }))
     }
@@ -301,9 +288,7 @@ impl Call<'_> {
                 let message = format!("the response could not be encoded: {source}");
                 self.write_after_failure(
                     "fail",
-                    self.store
-                        .fail(lease, &message, clock::now(), self.op.ttl)
-                        .await,
+                    self.store.fail(lease, &message, clock::now(), self.op.ttl).await,
                     lease,
                 );
                 return Err(self.error(|biz, key| Error::Encode {
@@ -314,18 +299,25 @@ impl Call<'_> {
                 }));
             }
         };
-        match self
-            .store
-            .complete(lease, &json, clock::now(), self.op.ttl)
-            .await
-        {
-            Ok(FenceCheck::Held) => Ok(value),
-            Ok(FenceCheck::Lost) => {
-                let error = self.lease_lost(lease, "complete");
-                tracing::warn!(%error, "idempotent call finished after losing its claim");
-                Err(error)
+        // The body ran: keep trying to record it while the lease is surely ours, so a
+        // store that comes back within that time does not let a retry run it again.
+        let give_up = Instant::now() + self.op.lease / 2;
+        let mut pause = COMPLETE_FIRST_RETRY;
+        loop {
+            match self.store.complete(lease, &json, clock::now(), self.op.ttl).await {
+                Ok(FenceCheck::Held) => return Ok(value),
+                Ok(FenceCheck::Lost) => {
+                    let error = self.lease_lost(lease, "complete");
+                    tracing::warn!(%error, "idempotent call finished after losing its claim");
+                    return Err(error);
+                }
+                Err(source) if Instant::now() + pause < give_up => {
+                    tracing::warn!(error = %source, biz = %self.op.biz, key = %self.key, "could not record a finished call; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(COMPLETE_LONGEST_RETRY);
+                }
+                Err(source) => return Err(self.store_error("complete", source)),
             }
-            Err(source) => Err(self.store_error("complete", source)),
         }
     }
 
@@ -335,27 +327,17 @@ impl Call<'_> {
         let (operation, written) = match self.op.on_error {
             OnError::Release => ("release", self.store.release(lease).await),
             OnError::Record => {
-                let message = format!(
-                    "the call returned an error of type `{}`",
-                    std::any::type_name::<E>()
-                );
+                let message = format!("the call returned an error of type `{}`", std::any::type_name::<E>());
                 (
                     "fail",
-                    self.store
-                        .fail(lease, &message, clock::now(), self.op.ttl)
-                        .await,
+                    self.store.fail(lease, &message, clock::now(), self.op.ttl).await,
                 )
             }
         };
         self.write_after_failure(operation, written, lease);
     }
 
-    fn write_after_failure(
-        &self,
-        operation: &'static str,
-        written: Result<FenceCheck, StoreError>,
-        lease: &Lease,
-    ) {
+    fn write_after_failure(&self, operation: &'static str, written: Result<FenceCheck, StoreError>, lease: &Lease) {
         match written {
             Ok(FenceCheck::Held) => {}
             Ok(FenceCheck::Lost) => {

@@ -11,11 +11,7 @@ pub fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, serde_j
     let value = serde_json::to_value(payload)?;
     let mut hasher = Sha256::new();
     write_canonical(&value, &mut hasher);
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect())
+    Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
 }
 
 fn write_canonical(value: &Value, hasher: &mut Sha256) {

@@ -56,8 +56,6 @@ mod tests {
         assert_eq!(key_problem("").as_deref(), Some("the key is empty"));
         assert!(key_problem(&"k".repeat(256)).unwrap().contains("256 bytes"));
         assert!(key_problem("a\nb").unwrap().contains("at byte 1"));
-        assert!(biz_problem(&"b".repeat(65))
-            .unwrap()
-            .contains("65 characters"));
+        assert!(biz_problem(&"b".repeat(65)).unwrap().contains("65 characters"));
     }
 }

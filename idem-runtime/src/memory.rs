@@ -43,9 +43,7 @@ impl MemoryStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordKey, Record>> {
         // A panic while holding the lock cannot leave a record half-written: every
         // mutation below is a single assignment, so the map is usable after poisoning.
-        self.records
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Apply `write` to the record held under `lease`, if it is still held.
@@ -76,12 +74,7 @@ impl IdempotencyStore for MemoryStore {
         Ok(ClaimOutcome::Acquired(lease))
     }
 
-    async fn renew(
-        &self,
-        lease: &Lease,
-        now: SystemTime,
-        lease_for: Duration,
-    ) -> Result<FenceCheck, StoreError> {
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
         Ok(self.write_held(lease, |record| {
             let until = now + lease_for;
             record.lease_until = Some(until);

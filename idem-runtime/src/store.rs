@@ -26,12 +26,7 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// Extend the holder's lease to `now + lease`.
-    async fn renew(
-        &self,
-        lease: &Lease,
-        now: SystemTime,
-        lease_for: Duration,
-    ) -> Result<FenceCheck, StoreError>;
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError>;
 
     /// Record `Succeeded` with `response` (JSON), expiring at `now + ttl`.
     async fn complete(
@@ -68,12 +63,7 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         (**self).claim(claim).await
     }
 
-    async fn renew(
-        &self,
-        lease: &Lease,
-        now: SystemTime,
-        lease_for: Duration,
-    ) -> Result<FenceCheck, StoreError> {
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
         (**self).renew(lease, now, lease_for).await
     }
 

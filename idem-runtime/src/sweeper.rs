@@ -30,10 +30,7 @@ pub trait Sweeper: IdempotencyStore + Sized {
     /// Spawn a task that runs [`purge_expired`] every `period`, in batches of
     /// [`DEFAULT_BATCH`], until the returned handle is aborted; errors are logged and
     /// retried at the next period.
-    fn continuously_purge(
-        self: std::sync::Arc<Self>,
-        period: Duration,
-    ) -> tokio::task::JoinHandle<()> {
+    fn continuously_purge(self: std::sync::Arc<Self>, period: Duration) -> tokio::task::JoinHandle<()> {
         continuously_purge(self, period, DEFAULT_BATCH)
     }
 }

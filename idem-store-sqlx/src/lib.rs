@@ -28,6 +28,7 @@
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod claim;
+mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod row;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -45,6 +46,7 @@ mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
+pub use open::open;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]

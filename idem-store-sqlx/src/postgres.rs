@@ -118,10 +118,7 @@ impl PostgresStore {
             index_prefix(table)
         );
         for statement in [create, index] {
-            sqlx::query(&statement)
-                .execute(&mut *tx)
-                .await
-                .map_err(failed)?;
+            sqlx::query(&statement).execute(&mut *tx).await.map_err(failed)?;
         }
         tx.commit().await.map_err(failed)?;
         self.check_columns().await
@@ -148,8 +145,7 @@ impl PostgresStore {
         granted
             .map(|row| {
                 let fence: i64 = row.try_get(0).map_err(|e| driver_error("claim", e))?;
-                let created_at: DateTime<Utc> =
-                    row.try_get(1).map_err(|e| driver_error("claim", e))?;
+                let created_at: DateTime<Utc> = row.try_get(1).map_err(|e| driver_error("claim", e))?;
                 Ok(Lease {
                     biz: claim.biz.to_owned(),
                     key: claim.key.to_owned(),

@@ -8,10 +8,7 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 
 /// `SystemTime` as UTC, truncated to the microseconds every column keeps.
 pub(crate) fn utc(at: SystemTime) -> DateTime<Utc> {
-    let micros = at
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_micros();
+    let micros = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros();
     let truncated = UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX));
     DateTime::<Utc>::from(truncated)
 }
@@ -62,18 +59,12 @@ where
     Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
 {
     let identity = |e: sqlx::Error| {
-        StoreError::with_source(
-            format!("a record's biz_type or idempotent_key is unreadable: {e}"),
-            e,
-        )
+        StoreError::with_source(format!("a record's biz_type or idempotent_key is unreadable: {e}"), e)
     };
     let biz: String = row.try_get(0).map_err(identity)?;
     let key: String = row.try_get(1).map_err(identity)?;
-    let unreadable = |what: String| {
-        StoreError::new(format!(
-            "the record of biz `{biz}` key `{key}` is unreadable: {what}"
-        ))
-    };
+    let unreadable =
+        |what: String| StoreError::new(format!("the record of biz `{biz}` key `{key}` is unreadable: {what}"));
     let column = |e: sqlx::Error| unreadable(e.to_string());
     let stamp = |value: Ts| value.into_system_time().map_err(&unreadable);
     let optional_stamp = |value: Option<Ts>| value.map(stamp).transpose();
@@ -81,9 +72,7 @@ where
     let status: String = row.try_get(2).map_err(column)?;
     let fence: i64 = row.try_get(3).map_err(column)?;
     Ok(Record {
-        status: status
-            .parse::<Status>()
-            .map_err(|e| unreadable(e.to_string()))?,
+        status: status.parse::<Status>().map_err(|e| unreadable(e.to_string()))?,
         fence: u64::try_from(fence).map_err(|_| unreadable(format!("negative fence {fence}")))?,
         fingerprint: row.try_get(4).map_err(column)?,
         request_body: row.try_get(5).map_err(column)?,
@@ -114,9 +103,6 @@ mod tests {
         assert_eq!(text, "2025-11-29 16:00:00.123456");
         assert_eq!(text.clone().into_system_time().unwrap(), at);
         assert!(sqlite_text(at + Duration::from_micros(1)) > text);
-        assert!(
-            sqlite_text(UNIX_EPOCH + Duration::from_secs(5))
-                < sqlite_text(UNIX_EPOCH + Duration::from_secs(40))
-        );
+        assert!(sqlite_text(UNIX_EPOCH + Duration::from_secs(5)) < sqlite_text(UNIX_EPOCH + Duration::from_secs(40)));
     }
 }

@@ -143,10 +143,7 @@ impl SqliteStore {
     async fn use_wal(&self) -> Result<(), StoreError> {
         let mut attempt = 0;
         loop {
-            match sqlx::query("PRAGMA journal_mode = WAL")
-                .execute(&self.pool)
-                .await
-            {
+            match sqlx::query("PRAGMA journal_mode = WAL").execute(&self.pool).await {
                 Ok(_) => return Ok(()),
                 Err(error) if attempt < 50 && is_busy(&error) => {
                     attempt += 1;
@@ -209,9 +206,7 @@ fn is_busy(error: &sqlx::Error) -> bool {
 
 /// Refuse a SQLite without `RETURNING` on upserts, naming the version found.
 fn require_returning(version: &str) -> Result<(), StoreError> {
-    let mut parts = version
-        .split('.')
-        .map(|part| part.parse::<u32>().unwrap_or(0));
+    let mut parts = version.split('.').map(|part| part.parse::<u32>().unwrap_or(0));
     let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     if found >= MIN_VERSION {
         Ok(())

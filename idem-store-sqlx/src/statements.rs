@@ -55,7 +55,9 @@ impl Statements {
             complete: finish("SUCCESS", "response_body"),
             fail: finish("FAIL", "error_message"),
             release: sql(format!("DELETE FROM {table} WHERE {HELD}")),
-            get: sql(format!("SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?")),
+            get: sql(format!(
+                "SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?"
+            )),
             stuck: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= ? \
                  ORDER BY created_at LIMIT ?"
@@ -100,8 +102,6 @@ mod tests {
         assert!(statements
             .renew
             .starts_with("UPDATE t SET lease_until = $1, expires_at = GREATEST(expires_at, $2)"));
-        assert!(statements
-            .renew
-            .ends_with("created_at = $6 AND status = 'PROCESSING'"));
+        assert!(statements.renew.ends_with("created_at = $6 AND status = 'PROCESSING'"));
     }
 }

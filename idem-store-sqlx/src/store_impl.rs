@@ -66,7 +66,8 @@ macro_rules! impl_idempotency_store {
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                self.write_held("release", sqlx::query(&self.sql.release), lease).await
+                self.write_held("release", sqlx::query(&self.sql.release), lease)
+                    .await
             }
 
             async fn get(
@@ -80,7 +81,9 @@ macro_rules! impl_idempotency_store {
                     .fetch_optional(&self.pool)
                     .await
                     .map_err(|e| crate::row::driver_error("get", e))?;
-                row.as_ref().map(crate::row::record_from_row::<_, $stamp>).transpose()
+                row.as_ref()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .transpose()
             }
 
             async fn purge_expired(
@@ -130,7 +133,13 @@ macro_rules! impl_idempotency_store {
 
             /// Live `FAIL` records (the oldest first), for reconciliation.
             pub async fn failed(&self, limit: u32) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                self.list("failed", &self.sql.failed, Self::stamp(idem_runtime::now()), limit).await
+                self.list(
+                    "failed",
+                    &self.sql.failed,
+                    Self::stamp(idem_runtime::now()),
+                    limit,
+                )
+                .await
             }
 
             async fn list(
@@ -146,7 +155,9 @@ macro_rules! impl_idempotency_store {
                     .fetch_all(&self.pool)
                     .await
                     .map_err(|e| crate::row::driver_error(operation, e))?;
-                rows.iter().map(crate::row::record_from_row::<_, $stamp>).collect()
+                rows.iter()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .collect()
             }
 
             /// Check that the table exists with every column idem reads and writes.

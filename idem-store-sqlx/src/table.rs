@@ -6,8 +6,7 @@ use idem_runtime::StoreError;
 pub const DEFAULT_TABLE: &str = "idempotent_record";
 
 /// Every column, in the order `SELECT` lists them and rows are decoded.
-pub(crate) const COLUMNS: &str =
-    "biz_type, idempotent_key, status, fence, fingerprint, request_body, \
+pub(crate) const COLUMNS: &str = "biz_type, idempotent_key, status, fence, fingerprint, request_body, \
      response_body, error_message, lease_until, created_at, completed_at, expires_at";
 
 /// Check `name` as an SQL identifier (optionally `schema.table`): it is spliced into
@@ -43,14 +42,7 @@ mod tests {
     fn accepts_identifiers_and_refuses_injection() {
         assert!(checked_table_name("idempotent_record").is_ok());
         assert!(checked_table_name("billing.idem_v2").is_ok());
-        for bad in [
-            "",
-            "1table",
-            "t; DROP TABLE x",
-            "a.b.c",
-            "t-x",
-            &"t".repeat(64),
-        ] {
+        for bad in ["", "1table", "t; DROP TABLE x", "a.b.c", "t-x", &"t".repeat(64)] {
             let error = checked_table_name(bad).unwrap_err();
             assert!(error.to_string().contains("invalid table name"), "{bad}");
         }

@@ -57,12 +57,7 @@ pub struct Order {
 
 /// A charge that takes `delay` at the bank.
 #[idempotent(key = key, biz = "conformance.pay", store = store, wait = "10s")]
-pub async fn pay_waiting(
-    store: &Store,
-    key: &str,
-    runs: &Runs,
-    delay: Duration,
-) -> Result<Receipt, AppError> {
+pub async fn pay_waiting(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
     tokio::time::sleep(delay).await;
     Ok(Receipt {
         charge_no: runs.hit(),
@@ -71,12 +66,7 @@ pub async fn pay_waiting(
 }
 
 #[idempotent(key = key, biz = "conformance.pay", store = store)]
-pub async fn pay(
-    store: &Store,
-    key: &str,
-    runs: &Runs,
-    delay: Duration,
-) -> Result<Receipt, AppError> {
+pub async fn pay(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
     tokio::time::sleep(delay).await;
     Ok(Receipt {
         charge_no: runs.hit(),
@@ -93,24 +83,14 @@ pub async fn pay_rejecting(store: &Store, key: &str, runs: &Runs) -> Result<Rece
 }
 
 #[idempotent(key = "order.id", biz = "conformance.order", store = store, payload = order)]
-pub async fn place(
-    store: &Store,
-    order: Order,
-    runs: &Runs,
-    delay: Duration,
-) -> Result<u64, AppError> {
+pub async fn place(store: &Store, order: Order, runs: &Runs, delay: Duration) -> Result<u64, AppError> {
     tokio::time::sleep(delay).await;
     runs.hit();
     Ok(order.cents)
 }
 
 #[idempotent(key = key, biz = "conformance.flaky", store = store)]
-pub async fn flaky_release(
-    store: &Store,
-    key: &str,
-    runs: &Runs,
-    fail: bool,
-) -> Result<u32, AppError> {
+pub async fn flaky_release(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
     let n = runs.hit();
     if fail {
         return Err(AppError::Declined(format!("attempt {n}")));
@@ -119,12 +99,7 @@ pub async fn flaky_release(
 }
 
 #[idempotent(key = key, biz = "conformance.flaky", store = store, on_error = Record)]
-pub async fn flaky_record(
-    store: &Store,
-    key: &str,
-    runs: &Runs,
-    fail: bool,
-) -> Result<u32, AppError> {
+pub async fn flaky_record(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
     let n = runs.hit();
     if fail {
         Err(AppError::Declined(format!("attempt {n}")))?;
@@ -139,12 +114,7 @@ pub async fn short_lived(store: &Store, key: &str, runs: &Runs) -> Result<(u32, 
 
 /// A body that can outlive its 300 ms lease (heartbeat on), reporting its fence.
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
-pub async fn leased(
-    store: &Store,
-    key: &str,
-    runs: &Runs,
-    delay: Duration,
-) -> Result<(u32, u64), AppError> {
+pub async fn leased(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<(u32, u64), AppError> {
     tokio::time::sleep(delay).await;
     Ok((runs.hit(), idem::context().expect("inside a call").fence()))
 }
@@ -163,11 +133,7 @@ pub async fn frozen(
 }
 
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
-pub async fn frozen_release(
-    store: &Store,
-    key: &str,
-    freeze: Duration,
-) -> Result<(u32, u64), AppError> {
+pub async fn frozen_release(store: &Store, key: &str, freeze: Duration) -> Result<(u32, u64), AppError> {
     std::thread::sleep(freeze);
     Err(AppError::Declined("gave up".into()))
 }
@@ -209,12 +175,7 @@ pub struct Awkward {
 }
 
 #[idempotent(key = key, biz = "conformance.types", store = store)]
-pub async fn echo(
-    store: &Store,
-    key: &str,
-    value: Awkward,
-    runs: &Runs,
-) -> Result<Awkward, AppError> {
+pub async fn echo(store: &Store, key: &str, value: Awkward, runs: &Runs) -> Result<Awkward, AppError> {
     runs.hit();
     Ok(value)
 }

@@ -35,10 +35,7 @@ pub async fn takeover_race_has_one_winner(a: &Store, b: &Store) {
     for i in 0..20 {
         let key = format!("k{i}");
         let stale = Claim::new(&biz, &key, now - hour, Duration::from_secs(1), 2 * hour);
-        assert!(matches!(
-            a.claim(&stale).await.unwrap(),
-            ClaimOutcome::Acquired(_)
-        ));
+        assert!(matches!(a.claim(&stale).await.unwrap(), ClaimOutcome::Acquired(_)));
         let claim = Claim::new(&biz, &key, now, Duration::from_secs(30), hour);
         let (first, second) = tokio::join!(a.claim(&claim), b.claim(&claim));
         let outcomes = [first.unwrap(), second.unwrap()];
@@ -52,11 +49,7 @@ pub async fn takeover_race_has_one_winner(a: &Store, b: &Store) {
                 }
             })
             .collect();
-        assert_eq!(
-            winners,
-            vec![2],
-            "exactly one takeover of {key}, with fence 2"
-        );
+        assert_eq!(winners, vec![2], "exactly one takeover of {key}, with fence 2");
     }
 }
 
@@ -73,10 +66,7 @@ where
         pay(&store, &key, &runs, Duration::ZERO).await.unwrap()
     };
     let store = open().await;
-    assert_eq!(
-        pay(&store, &key, &runs, Duration::ZERO).await.unwrap(),
-        before
-    );
+    assert_eq!(pay(&store, &key, &runs, Duration::ZERO).await.unwrap(), before);
     assert_eq!(runs.count(), 1);
 }
 
@@ -91,15 +81,8 @@ where
     let runs = Runs::default();
     pay(store, &key, &runs, Duration::ZERO).await.unwrap();
     corrupt(key.clone()).await;
-    let before = store
-        .get("conformance.pay", &key)
-        .await
-        .unwrap()
-        .expect("the row");
-    let error = pay(store, &key, &runs, Duration::ZERO)
-        .await
-        .unwrap_err()
-        .idem();
+    let before = store.get("conformance.pay", &key).await.unwrap().expect("the row");
+    let error = pay(store, &key, &runs, Duration::ZERO).await.unwrap_err().idem();
     match &error {
         Error::Decode { biz, key: k, .. } => {
             assert_eq!((biz.as_str(), k), ("conformance.pay", &key))
@@ -122,24 +105,9 @@ where
 /// A database that cannot be reached: `Error::Store`, and the body does not run.
 pub async fn unreachable_database_fails_closed(store: &Store) {
     let runs = Arc::new(Runs::default());
-    let error = pay(store, "any", &runs, Duration::ZERO)
-        .await
-        .unwrap_err()
-        .idem();
-    assert!(
-        matches!(
-            &error,
-            Error::Store {
-                operation: "claim",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    assert!(
-        std::error::Error::source(&error).is_some(),
-        "the cause is kept"
-    );
+    let error = pay(store, "any", &runs, Duration::ZERO).await.unwrap_err().idem();
+    assert!(matches!(&error, Error::Store { operation: "claim", .. }), "{error:?}");
+    assert!(std::error::Error::source(&error).is_some(), "the cause is kept");
     assert_eq!(runs.count(), 0, "fail closed: the body did not run");
 }
 
@@ -154,10 +122,7 @@ pub async fn stuck_and_failed(store: &Store) -> (String, String) {
         Duration::from_secs(10),
         Duration::from_secs(86_400),
     );
-    assert!(matches!(
-        store.claim(&claim).await.unwrap(),
-        ClaimOutcome::Acquired(_)
-    ));
+    assert!(matches!(store.claim(&claim).await.unwrap(), ClaimOutcome::Acquired(_)));
     let failed = unique("failed");
     let runs = Runs::default();
     assert!(flaky_record(store, &failed, &runs, true).await.is_err());

@@ -17,10 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// A key no earlier run or other test used, so suites can share a database.
 pub fn unique(name: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     format!(
         "{name}-{}-{nanos}-{}",
         std::process::id(),
@@ -36,9 +33,7 @@ pub fn server_url(var: &str, backend: &str) -> Option<String> {
         return Some(url);
     }
     if std::env::var_os("CI").is_some() {
-        panic!(
-            "{var} is not set: CI must run the {backend} suite against a real server (see .ci/run)"
-        );
+        panic!("{var} is not set: CI must run the {backend} suite against a real server (see .ci/run)");
     }
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| {
@@ -123,20 +118,14 @@ macro_rules! database_suite {
         #[tokio::test]
         async fn record_survives_a_restart() {
             if open_dyn().await.is_some() {
-                $crate::conformance::database::record_survives_a_restart(|| async {
-                    open_dyn().await.unwrap()
-                })
-                .await;
+                $crate::conformance::database::record_survives_a_restart(|| async { open_dyn().await.unwrap() }).await;
             }
         }
 
         #[tokio::test]
         async fn corrupted_response_is_a_decode_error() {
             if let Some(store) = open_dyn().await {
-                $crate::conformance::database::corrupted_response_is_a_decode_error(
-                    &store, corrupt,
-                )
-                .await;
+                $crate::conformance::database::corrupted_response_is_a_decode_error(&store, corrupt).await;
             }
         }
 
@@ -159,9 +148,7 @@ macro_rules! database_suite {
                 listed.iter().any(|record| record.key == failed),
                 "the FAIL record is listed"
             );
-            assert!(listed
-                .iter()
-                .all(|record| record.status == idem::Status::Failed));
+            assert!(listed.iter().all(|record| record.status == idem::Status::Failed));
         }
 
         #[tokio::test]

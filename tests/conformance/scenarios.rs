@@ -11,12 +11,7 @@ use super::unique;
 const NO_DELAY: Duration = Duration::ZERO;
 
 /// Start a call on its own task, with its own handles on the store, key and counter.
-fn in_background<T, F, Fut>(
-    store: &Store,
-    key: &str,
-    runs: &Arc<Runs>,
-    call: F,
-) -> tokio::task::JoinHandle<T>
+fn in_background<T, F, Fut>(store: &Store, key: &str, runs: &Arc<Runs>, call: F) -> tokio::task::JoinHandle<T>
 where
     T: Send + 'static,
     F: FnOnce(Store, String, Arc<Runs>) -> Fut,
@@ -40,15 +35,10 @@ pub async fn first_call_runs_once_and_records_success(store: &Store) {
             cents: 199
         }
     );
-    let stored = record(store, "conformance.pay", &key)
-        .await
-        .expect("a record");
+    let stored = record(store, "conformance.pay", &key).await.expect("a record");
     assert_eq!(stored.status, Status::Succeeded);
     assert_eq!(stored.fence, 1);
-    assert_eq!(
-        stored.response_body.as_deref(),
-        Some(r#"{"charge_no":1,"cents":199}"#)
-    );
+    assert_eq!(stored.response_body.as_deref(), Some(r#"{"charge_no":1,"cents":199}"#));
     assert!(stored.completed_at.is_some());
     assert!(stored.expires_at > stored.completed_at.unwrap() + Duration::from_secs(23 * 3600));
 }
@@ -188,18 +178,8 @@ pub async fn payload_mismatch_is_refused_and_record_untouched(store: &Store) {
 pub async fn identical_payload_replays(store: &Store) {
     let id = unique("order-same");
     let runs = Runs::default();
-    assert_eq!(
-        place(store, order(&id, 700, 1), &runs, NO_DELAY)
-            .await
-            .unwrap(),
-        700
-    );
-    assert_eq!(
-        place(store, order(&id, 700, 1), &runs, NO_DELAY)
-            .await
-            .unwrap(),
-        700
-    );
+    assert_eq!(place(store, order(&id, 700, 1), &runs, NO_DELAY).await.unwrap(), 700);
+    assert_eq!(place(store, order(&id, 700, 1), &runs, NO_DELAY).await.unwrap(), 700);
     assert_eq!(runs.count(), 1);
     let stored = record(store, "conformance.order", &id).await.unwrap();
     assert_eq!(
@@ -238,24 +218,14 @@ pub async fn on_error_record_answers_previous_failed(store: &Store) {
     let key = unique("record");
     let runs = Runs::default();
     let error = flaky_record(store, &key, &runs, true).await.unwrap_err();
-    assert!(
-        matches!(&error, AppError::Declined(m) if m == "attempt 1"),
-        "{error:?}"
-    );
+    assert!(matches!(&error, AppError::Declined(m) if m == "attempt 1"), "{error:?}");
     let stored = record(store, "conformance.flaky", &key).await.unwrap();
     assert_eq!(stored.status, Status::Failed);
     assert!(
-        stored
-            .error_message
-            .as_deref()
-            .unwrap()
-            .contains("AppError"),
+        stored.error_message.as_deref().unwrap().contains("AppError"),
         "{stored:?}"
     );
-    let error = flaky_record(store, &key, &runs, false)
-        .await
-        .unwrap_err()
-        .idem();
+    let error = flaky_record(store, &key, &runs, false).await.unwrap_err().idem();
     assert!(matches!(error, Error::PreviousFailed { .. }), "{error:?}");
     assert_eq!(runs.count(), 1);
 }
@@ -286,10 +256,7 @@ pub async fn cancelled_holder_is_taken_over_after_its_lease(store: &Store) {
     )
     .await;
     assert!(dropped.is_err(), "the first call was cancelled mid-body");
-    let error = leased(store, &key, &runs, NO_DELAY)
-        .await
-        .unwrap_err()
-        .idem();
+    let error = leased(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
     assert!(
         matches!(error, Error::InProgress { .. }),
         "the lease still runs: {error:?}"
@@ -325,10 +292,7 @@ pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
     });
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let error = leased(store, &key, &runs, NO_DELAY)
-            .await
-            .unwrap_err()
-            .idem();
+        let error = leased(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
         assert!(
             matches!(error, Error::InProgress { .. }),
             "the heartbeat keeps the claim: {error:?}"
@@ -356,9 +320,7 @@ pub async fn stale_holder_cannot_complete_over_the_new_holder(store: &Store) {
     let key = unique("stale");
     let stale = {
         let (store, key) = (store.clone(), key.clone());
-        on_frozen_thread(move || {
-            Box::pin(async move { frozen(&store, &key, Duration::from_millis(900), Ok(7)).await })
-        })
+        on_frozen_thread(move || Box::pin(async move { frozen(&store, &key, Duration::from_millis(900), Ok(7)).await }))
     };
     tokio::time::sleep(Duration::from_millis(500)).await; // past the stale holder's lease
     let runs = Runs::default();
@@ -490,10 +452,7 @@ pub async fn typed_results_round_trip_exactly(store: &Store) {
         ],
         text: "ünïcødé \"quoted\" \\ 💳".into(),
     };
-    assert_eq!(
-        echo(store, &key, value.clone(), &runs).await.unwrap(),
-        value
-    );
+    assert_eq!(echo(store, &key, value.clone(), &runs).await.unwrap(), value);
     let other = Awkward {
         zero: 1,
         ..value.clone()
@@ -596,11 +555,7 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
         let key = key.to_owned();
         let biz = biz.clone();
         async move {
-            match store
-                .claim(&Claim::new(&biz, &key, at, lease, ttl))
-                .await
-                .unwrap()
-            {
+            match store.claim(&Claim::new(&biz, &key, at, lease, ttl)).await.unwrap() {
                 ClaimOutcome::Acquired(lease) => lease,
                 other => panic!("{other:?}"),
             }
@@ -608,18 +563,9 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
     };
     // Five finished records that expired an hour ago.
     for i in 0..5 {
-        let lease = claim_at(
-            &format!("old-{i}"),
-            now - 3 * hour,
-            Duration::from_secs(30),
-            hour,
-        )
-        .await;
+        let lease = claim_at(&format!("old-{i}"), now - 3 * hour, Duration::from_secs(30), hour).await;
         assert_eq!(
-            store
-                .complete(&lease, "1", now - 2 * hour, hour)
-                .await
-                .unwrap(),
+            store.complete(&lease, "1", now - 2 * hour, hour).await.unwrap(),
             idem::FenceCheck::Held
         );
     }
@@ -645,10 +591,7 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
     for i in 0..5 {
         assert_eq!(store.get(&biz, &format!("old-{i}")).await.unwrap(), None);
     }
-    assert!(
-        store.get(&biz, "live").await.unwrap().is_some(),
-        "live record kept"
-    );
+    assert!(store.get(&biz, "live").await.unwrap().is_some(), "live record kept");
     assert_eq!(
         store.get(&biz, "running").await.unwrap().unwrap().status,
         Status::Processing,

@@ -1,0 +1,52 @@
+//! One door for all three stores: pick the store by the URL's scheme.
+
+use std::sync::Arc;
+
+use idem_runtime::{IdempotencyStore, StoreError};
+
+/// Connect to the database at `url` — `sqlite://…`, `postgres://…` (or
+/// `postgresql://…`), `mysql://…` (or `mariadb://…`) — with the store of its kind,
+/// and [`migrate`](crate::SqliteStore::migrate) its table. The store's cargo feature
+/// must be on; a URL of a kind that is off or unknown is an error naming it.
+pub async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+    match scheme {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let store = crate::SqliteStore::connect(url).await?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let store = crate::PostgresStore::connect(url).await?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => {
+            let store = crate::MySqlStore::connect(&url.replacen("mariadb:", "mysql:", 1)).await?;
+            store.migrate().await?;
+            Ok(Arc::new(store))
+        }
+        other => Err(StoreError::new(format!(
+            "no idempotency store for URL scheme `{other}:` in this build: use sqlite://, postgres:// or mysql:// \
+             with the cargo feature of the same name (on: {})",
+            enabled_features()
+        ))),
+    }
+}
+
+fn enabled_features() -> String {
+    let features = [
+        (cfg!(feature = "sqlite"), "sqlite"),
+        (cfg!(feature = "postgres"), "postgres"),
+        (cfg!(feature = "mysql"), "mysql"),
+    ];
+    let on: Vec<&str> = features.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+    if on.is_empty() {
+        "none".to_owned()
+    } else {
+        on.join(", ")
+    }
+}
