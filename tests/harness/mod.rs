@@ -1,0 +1,158 @@
+//! Tools of the cross-process tests: the business effect a body writes into the same
+//! database, and worker processes (this very test binary, re-run on one test).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::AnyPool;
+
+/// The application's error: its own database failing, or idem.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    #[error("business write failed: {0}")]
+    Effect(#[from] sqlx::Error),
+}
+
+/// The business table, `storm_effect(run_id, k, token)`: one row per execution of a
+/// body. Exactly-once means exactly one row per key. On sqlx's `Any` driver, so one
+/// piece of code serves the three databases.
+#[derive(Clone)]
+pub struct Effects {
+    pool: AnyPool,
+    numbered: bool,
+}
+
+impl Effects {
+    pub async fn open(url: &str) -> Self {
+        sqlx::any::install_default_drivers();
+        let url = if url.starts_with("sqlite") {
+            format!("{url}?mode=rwc")
+        } else {
+            url.to_owned()
+        };
+        let effects = Effects {
+            pool: AnyPool::connect(&url).await.unwrap(),
+            numbered: url.starts_with("postgres"),
+        };
+        // Concurrent CREATE TABLE IF NOT EXISTS can race on PostgreSQL's catalog:
+        // tolerate losing that race.
+        let created = sqlx::query(
+            "CREATE TABLE IF NOT EXISTS storm_effect (run_id VARCHAR(128) NOT NULL, k VARCHAR(255) NOT NULL, \
+             token VARCHAR(255) NOT NULL)",
+        )
+        .execute(&effects.pool)
+        .await;
+        if let Err(error) = created {
+            assert!(error.to_string().contains("duplicate key"), "{error}");
+        }
+        effects
+    }
+
+    fn sql(&self, text: &str) -> String {
+        if self.numbered {
+            let mut n = 0;
+            text.chars()
+                .map(|c| match c {
+                    '?' => {
+                        n += 1;
+                        format!("${n}")
+                    }
+                    c => c.to_string(),
+                })
+                .collect()
+        } else {
+            text.to_owned()
+        }
+    }
+
+    /// The business effect: one row.
+    pub async fn record(&self, run: &str, key: &str, token: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.sql("INSERT INTO storm_effect (run_id, k, token) VALUES (?, ?, ?)"))
+            .bind(run)
+            .bind(key)
+            .bind(token)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+
+    /// Every token written in `run`, by key.
+    pub async fn tokens(&self, run: &str) -> HashMap<String, Vec<String>> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as(&self.sql("SELECT k, token FROM storm_effect WHERE run_id = ?"))
+                .bind(run)
+                .fetch_all(&self.pool)
+                .await
+                .unwrap();
+        let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
+        for (key, token) in rows {
+            by_key.entry(key).or_default().push(token);
+        }
+        by_key
+    }
+}
+
+/// The environment variable that makes a test binary a worker of `role`.
+const ROLE: &str = "IDEM_WORKER_ROLE";
+
+/// The worker's settings when this process was started as a worker of `role`.
+pub fn worker_settings(role: &str) -> Option<HashMap<String, String>> {
+    (std::env::var(ROLE).ok()? == role).then(|| std::env::vars().collect())
+}
+
+/// A command that re-runs this test binary as a worker of `role` running `test`.
+pub fn worker(role: &str, test: &str, settings: &[(&str, String)]) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role)
+        .envs(settings.iter().map(|(name, value)| (*name, value)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// Milliseconds since the epoch, for start barriers shared by processes.
+pub fn epoch_millis() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Sleep until `epoch_millis` (a start barrier).
+pub async fn sleep_until_epoch_millis(at: u64) {
+    let now = epoch_millis();
+    if at > now {
+        tokio::time::sleep(Duration::from_millis(at - now)).await;
+    }
+}
+
+/// Print lines that the coordinator reads, past libtest's capture; on a line of their
+/// own, since libtest leaves `test name ... ` open while the test runs.
+pub fn report(lines: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "\n{lines}");
+}
+
+/// Say a figure in the CI log, past libtest's capture.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The URLs of the backends this machine has: a SQLite file always, the servers when
+/// their URLs are set (or, under CI, a failure when they are not).
+pub fn backend_url(backend: &str, name: &str) -> Option<String> {
+    match backend {
+        "sqlite" => {
+            let path = std::env::temp_dir().join(format!("idem-{name}-{}.db", std::process::id()));
+            Some(format!("sqlite://{}", path.display()))
+        }
+        "postgres" => crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
+        _ => crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB"),
+    }
+}
