@@ -1,0 +1,169 @@
+//! The database server stopped and started again in the middle of a run: a real
+//! server stop (`pg_ctl stop`, `mariadb-admin shutdown`) through `.ci/start-databases`.
+//! While it is down, calls fail closed with `Error::Store` and no body runs; after it
+//! is back, calls succeed and nothing recorded before is lost or run twice.
+
+mod conformance;
+mod harness;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use harness::{AppError, Effects};
+use idem::{idempotent, IdempotencyStore};
+
+type Store = Arc<dyn IdempotencyStore>;
+
+#[idempotent(key = key, biz = "faults", store = store, lease = "20s", wait = "60s")]
+async fn settle(
+    store: &Store,
+    effects: &Effects,
+    run: &str,
+    key: &str,
+    entered: &AtomicBool,
+) -> Result<String, AppError> {
+    entered.store(true, Ordering::SeqCst);
+    effects.record(run, key, key).await?;
+    Ok(key.to_owned())
+}
+
+/// Stop or start one server with the project's script.
+fn server(command: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/start-databases");
+    let status = Command::new("bash")
+        .args([script, command])
+        .status()
+        .expect("run .ci/start-databases");
+    assert!(status.success(), ".ci/start-databases {command} failed");
+}
+
+/// What one call came to.
+#[derive(Debug)]
+enum Outcome {
+    Ok(String),
+    /// Claim failed: the store was down before the body could start.
+    RefusedAtClaim {
+        body_ran: bool,
+    },
+    /// Anything else the outage can cause (the body's own write failing, a record that
+    /// could not be written after the body).
+    Failed(String),
+}
+
+fn outage(backend: &str, server_name: &str) {
+    let Some(url) = harness::backend_url(backend, "faults") else {
+        return;
+    };
+    let run = conformance::unique("fault");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (store, effects) = runtime.block_on(async {
+        idem::sqlx::open(&url).await.unwrap(); // migrate
+        let store: Store = match backend {
+            "postgres" => Arc::new(idem::sqlx::PostgresStore::new(
+                idem::sqlx::postgres::PgPoolOptions::new()
+                    .acquire_timeout(Duration::from_secs(1))
+                    .connect_lazy(&url)
+                    .unwrap(),
+            )),
+            _ => Arc::new(idem::sqlx::MySqlStore::new(
+                idem::sqlx::mysql::MySqlPoolOptions::new()
+                    .acquire_timeout(Duration::from_secs(1))
+                    .connect_lazy(&url)
+                    .unwrap(),
+            )),
+        };
+        (store, Effects::open(&url).await)
+    });
+    let keys: Vec<String> = (0..150).map(|k| format!("{run}-{k}")).collect();
+
+    // A steady stream of calls, while the server goes down and comes back.
+    let calls = {
+        let (store, effects, run, keys) = (store.clone(), effects.clone(), run.clone(), keys.clone());
+        runtime.spawn(async move {
+            let mut outcomes = Vec::new();
+            for key in keys {
+                let entered = AtomicBool::new(false);
+                let outcome = match settle(&store, &effects, &run, &key, &entered).await {
+                    Ok(token) => Outcome::Ok(token),
+                    Err(AppError::Idem(idem::Error::Store { operation: "claim", .. })) => Outcome::RefusedAtClaim {
+                        body_ran: entered.load(Ordering::SeqCst),
+                    },
+                    Err(error) => Outcome::Failed(error.to_string()),
+                };
+                outcomes.push((key, outcome));
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            outcomes
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let down = Instant::now();
+    server(&format!("stop-{server_name}"));
+    std::thread::sleep(Duration::from_secs(2));
+    server(&format!("start-{server_name}"));
+    let downtime = down.elapsed();
+    let outcomes = runtime.block_on(calls).unwrap();
+
+    let refused = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::RefusedAtClaim { .. }))
+        .count();
+    assert!(refused > 0, "some calls met the stopped server: {outcomes:?}");
+    for (key, outcome) in &outcomes {
+        if let Outcome::RefusedAtClaim { body_ran } = outcome {
+            assert!(!body_ran, "{key}: the claim failed but the body ran (fail open)");
+        }
+    }
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o, Outcome::Failed(_)))
+        .collect();
+
+    // With the server back, every key once more: exactly one execution each, and every
+    // result given before the outage replayed.
+    let (replayed, rows) = runtime.block_on(async {
+        let mut replayed = HashMap::new();
+        for key in &keys {
+            let token = settle(&store, &effects, &run, key, &AtomicBool::new(false))
+                .await
+                .expect("after the outage");
+            replayed.insert(key.clone(), token);
+        }
+        (replayed, effects.tokens(&run).await)
+    });
+    for (key, outcome) in &outcomes {
+        assert_eq!(
+            rows.get(key).map(Vec::len),
+            Some(1),
+            "{key} ran {:?} times",
+            rows.get(key)
+        );
+        if let Outcome::Ok(token) = outcome {
+            assert_eq!(
+                &replayed[key], token,
+                "{key}: the result given before the outage was lost"
+            );
+        }
+    }
+    harness::say(&format!(
+        "outage on {backend}: server down {downtime:.1?} during {} calls; {refused} refused at claim (no body ran), \
+         {} failed otherwise {:?}; afterwards {} keys, one execution each, every earlier result replayed",
+        outcomes.len(),
+        failed.len(),
+        failed,
+        keys.len()
+    ));
+}
+
+#[test]
+fn postgres_stopped_and_restarted() {
+    outage("postgres", "postgres");
+}
+
+#[test]
+fn mariadb_stopped_and_restarted() {
+    outage("mysql", "mariadb");
+}
