@@ -117,9 +117,12 @@ fn outage(backend: &str, server_name: &str) {
             assert!(!body_ran, "{key}: the claim failed but the body ran (fail open)");
         }
     }
-    let failed: Vec<_> = outcomes
+    let failed: Vec<&str> = outcomes
         .iter()
-        .filter(|(_, o)| matches!(o, Outcome::Failed(_)))
+        .filter_map(|(_, o)| match o {
+            Outcome::Failed(error) => Some(error.as_str()),
+            _ => None,
+        })
         .collect();
 
     // With the server back, every key once more: exactly one execution each, and every
