@@ -146,11 +146,12 @@ impl MySqlStore {
              ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
             index_prefix(table)
         );
-        sqlx::query(&create)
+        let created = sqlx::query(&create)
             .execute(&self.pool)
             .await
-            .map_err(|e| driver_error("creating the idempotency table", e))?;
-        self.check_columns().await
+            .map(drop)
+            .map_err(|e| driver_error("creating the idempotency table", e));
+        self.verify_migration(created).await
     }
 
     fn stamp(at: SystemTime) -> NaiveDateTime {

@@ -89,6 +89,11 @@ impl PostgresStore {
     /// advisory lock, so concurrent start-ups do not race), then check its columns.
     /// Writes nothing to the application's `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        let created = self.create_table().await;
+        self.verify_migration(created).await
+    }
+
+    async fn create_table(&self) -> Result<(), StoreError> {
         let table = &self.sql.table;
         let failed = |e| driver_error("creating the idempotency table", e);
         let mut tx = self.pool.begin().await.map_err(failed)?;
@@ -120,8 +125,7 @@ impl PostgresStore {
         for statement in [create, index] {
             sqlx::query(&statement).execute(&mut *tx).await.map_err(failed)?;
         }
-        tx.commit().await.map_err(failed)?;
-        self.check_columns().await
+        tx.commit().await.map_err(failed)
     }
 
     fn stamp(at: SystemTime) -> DateTime<Utc> {

@@ -108,6 +108,11 @@ impl SqliteStore {
             .map_err(|e| driver_error("reading the SQLite version", e))?;
         require_returning(&version)?;
         self.use_wal().await?;
+        let created = self.create_table().await;
+        self.verify_migration(created).await
+    }
+
+    async fn create_table(&self) -> Result<(), StoreError> {
         let table = &self.sql.table;
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
@@ -135,7 +140,7 @@ impl SqliteStore {
                 .await
                 .map_err(|e| driver_error("creating the idempotency table", e))?;
         }
-        self.check_columns().await
+        Ok(())
     }
 
     /// The switch to WAL takes the file's exclusive lock, which SQLite's busy timeout

@@ -176,6 +176,19 @@ macro_rules! impl_idempotency_store {
                 }
             }
 
+            /// Finish `migrate`: check the columns, and when creating failed because a
+            /// table of another shape was already there, say which columns it lacks.
+            async fn verify_migration(
+                &self,
+                created: Result<(), idem_runtime::StoreError>,
+            ) -> Result<(), idem_runtime::StoreError> {
+                let columns = self.check_columns().await;
+                match created {
+                    Ok(()) => columns,
+                    Err(error) => Err(columns.err().unwrap_or(error)),
+                }
+            }
+
             /// The table this store uses.
             pub fn table_name(&self) -> &str {
                 &self.sql.table

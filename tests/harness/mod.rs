@@ -70,6 +70,16 @@ impl Effects {
         }
     }
 
+    /// Run `text` (with `?` placeholders) bound to `binds`, as an operator would by hand.
+    pub async fn execute(&self, text: &str, binds: &[&str]) -> Result<u64, sqlx::Error> {
+        let sql = self.sql(text);
+        let mut query = sqlx::query(&sql);
+        for bind in binds {
+            query = query.bind(*bind);
+        }
+        query.execute(&self.pool).await.map(|done| done.rows_affected())
+    }
+
     /// The business effect: one row.
     pub async fn record(&self, run: &str, key: &str, token: &str) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql("INSERT INTO storm_effect (run_id, k, token) VALUES (?, ?, ?)"))

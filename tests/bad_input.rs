@@ -1,0 +1,253 @@
+//! Bad input, on every store: each gets a clear error naming what was wrong, and
+//! nothing already recorded is lost. (Empty, oversized and control-character keys are
+//! in the conformance suite, on every store.)
+
+mod conformance;
+mod harness;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use harness::{AppError, Effects};
+use idem::{idempotent, Error, IdempotencyStore, Status};
+
+type Store = Arc<dyn IdempotencyStore>;
+
+/// JSON maps need string keys: this `Ok` value cannot be serialized.
+#[idempotent(key = key, biz = "bad", store = store)]
+async fn unencodable(store: &Store, key: &str, runs: &AtomicU32) -> Result<HashMap<(u8, u8), u8>, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(HashMap::from([((1, 2), 3)]))
+}
+
+#[idempotent(key = key, biz = "bad", store = store)]
+async fn large(store: &Store, key: &str, size: usize, runs: &AtomicU32) -> Result<String, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok("é".repeat(size / 2))
+}
+
+#[idempotent(key = key, biz = "bad", store = store)]
+async fn plain(store: &Store, key: &str, runs: &AtomicU32) -> Result<u32, AppError> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+fn unwrap_idem<T: std::fmt::Debug>(result: Result<T, AppError>) -> Error {
+    match result {
+        Err(AppError::Idem(error)) => error,
+        other => panic!("expected an idem error, got {other:?}"),
+    }
+}
+
+async fn open(url: &str) -> (Store, Effects) {
+    (idem::sqlx::open(url).await.expect("open"), Effects::open(url).await)
+}
+
+async fn response_that_does_not_serialize(store: &Store) {
+    let (key, runs) = (conformance::unique("unencodable"), AtomicU32::new(0));
+    let error = unwrap_idem(unencodable(store, &key, &runs).await);
+    assert!(matches!(&error, Error::Encode { what: "response", .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains("response") && message.contains(&key) && message.contains("key must be a string"),
+        "{message}"
+    );
+    let record = store.get("bad", &key).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Failed, "recorded, so the body is not run again");
+    assert!(record.error_message.unwrap().contains("could not be encoded"));
+    let again = unwrap_idem(unencodable(store, &key, &runs).await);
+    assert!(matches!(again, Error::PreviousFailed { .. }), "{again:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn ten_mib_response(store: &Store) {
+    let (key, runs) = (conformance::unique("large"), AtomicU32::new(0));
+    let size = 10 * 1024 * 1024;
+    let first = large(store, &key, size, &runs).await.unwrap();
+    assert_eq!(first.len(), size);
+    let again = large(store, &key, 1, &runs).await.unwrap();
+    assert!(again == first, "the 10 MiB response replays byte for byte");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn negative_fence_is_unreadable(store: &Store, db: &Effects) {
+    let (key, runs) = (conformance::unique("fence"), AtomicU32::new(0));
+    plain(store, &key, &runs).await.unwrap();
+    db.execute(
+        "UPDATE idempotent_record SET fence = -5 WHERE biz_type = 'bad' AND idempotent_key = ?",
+        &[&key],
+    )
+    .await
+    .unwrap();
+    let error = store.get("bad", &key).await.unwrap_err().to_string();
+    assert!(
+        error.contains("bad") && error.contains(&key) && error.contains("negative fence -5"),
+        "{error}"
+    );
+    let error = unwrap_idem(plain(store, &key, &runs).await);
+    assert!(
+        matches!(error, Error::Store { .. }),
+        "a record that cannot be read is never guessed at: {error:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body did not run again");
+    let rows = db
+        .execute(
+            "UPDATE idempotent_record SET fence = 1 WHERE idempotent_key = ?",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the row is still there");
+    assert_eq!(plain(store, &key, &runs).await.unwrap(), 1, "and replays once repaired");
+}
+
+async fn missing_and_wrong_tables(url: &str, db: &Effects) {
+    let missing = format!("idem_missing_{}", std::process::id());
+    let wrong = format!("idem_wrong_{}", std::process::id());
+    db.execute(
+        &format!("CREATE TABLE {wrong} (biz_type VARCHAR(64), idempotent_key VARCHAR(255))"),
+        &[],
+    )
+    .await
+    .unwrap();
+    let runs = AtomicU32::new(0);
+    for (table, migrate) in [(missing.as_str(), false), (wrong.as_str(), true)] {
+        let store: Store = if url.starts_with("sqlite") {
+            let store = idem::SqliteStore::connect(url)
+                .await
+                .unwrap()
+                .with_table_name(table)
+                .unwrap();
+            if migrate {
+                let error = store.migrate().await.unwrap_err().to_string();
+                assert!(error.contains(table) && error.contains("lacks a column"), "{error}");
+            }
+            Arc::new(store)
+        } else if url.starts_with("postgres") {
+            let store = idem::sqlx::PostgresStore::connect(url)
+                .await
+                .unwrap()
+                .with_table_name(table)
+                .unwrap();
+            if migrate {
+                let error = store.migrate().await.unwrap_err().to_string();
+                assert!(error.contains(table) && error.contains("lacks a column"), "{error}");
+            }
+            Arc::new(store)
+        } else {
+            let store = idem::sqlx::MySqlStore::connect(url)
+                .await
+                .unwrap()
+                .with_table_name(table)
+                .unwrap();
+            if migrate {
+                let error = store.migrate().await.unwrap_err().to_string();
+                assert!(error.contains(table) && error.contains("lacks a column"), "{error}");
+            }
+            Arc::new(store)
+        };
+        let error = unwrap_idem(plain(&store, "k", &runs).await);
+        assert!(matches!(&error, Error::Store { operation: "claim", .. }), "{error:?}");
+        let cause = std::error::Error::source(&error).unwrap().to_string();
+        assert!(
+            cause.contains(table) || cause.contains("column"),
+            "the cause names the table or column: {cause}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "no body ran");
+    db.execute(&format!("DROP TABLE {wrong}"), &[]).await.unwrap();
+}
+
+async fn biz_too_long(store: &Store) {
+    let op = idem::Idempotent::new("b".repeat(65)).store(store.clone());
+    let ran = AtomicU32::new(0);
+    let error = op
+        .execute("k", async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<u8, Error>(1)
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidBiz { reason, .. } if reason.contains("65 characters")),
+        "{error:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+async fn every_case(backend: &str) {
+    let Some(url) = harness::backend_url(backend, "bad") else {
+        return;
+    };
+    let (store, db) = open(&url).await;
+    response_that_does_not_serialize(&store).await;
+    ten_mib_response(&store).await;
+    negative_fence_is_unreadable(&store, &db).await;
+    missing_and_wrong_tables(&url, &db).await;
+    biz_too_long(&store).await;
+}
+
+#[tokio::test]
+async fn bad_input_on_sqlite() {
+    every_case("sqlite").await;
+}
+
+#[tokio::test]
+async fn bad_input_on_postgres() {
+    every_case("postgres").await;
+}
+
+#[tokio::test]
+async fn bad_input_on_mysql() {
+    every_case("mysql").await;
+}
+
+#[tokio::test]
+async fn bad_input_on_memory() {
+    let store: Store = Arc::new(idem::MemoryStore::new());
+    response_that_does_not_serialize(&store).await;
+    ten_mib_response(&store).await;
+    biz_too_long(&store).await;
+}
+
+/// SQLite stores whatever bytes it is given: a stored column that is not UTF-8 is an
+/// error naming the record, never a guess. (PostgreSQL and MariaDB refuse such bytes
+/// in a text column themselves, which is tested too.)
+#[tokio::test]
+async fn non_utf8_column() {
+    for backend in ["sqlite", "postgres", "mysql"] {
+        let Some(url) = harness::backend_url(backend, "utf8") else {
+            continue;
+        };
+        let (store, db) = open(&url).await;
+        let (key, runs) = (conformance::unique("utf8"), AtomicU32::new(0));
+        plain(&store, &key, &runs).await.unwrap();
+        let corrupt = match backend {
+            "sqlite" => "UPDATE idempotent_record SET response_body = CAST(X'FFFE41' AS TEXT) WHERE idempotent_key = ?",
+            "postgres" => "UPDATE idempotent_record SET response_body = convert_from('\\xfffe41', 'UTF8') WHERE idempotent_key = ?",
+            _ => "UPDATE idempotent_record SET response_body = X'FFFE41' WHERE idempotent_key = ?",
+        };
+        match db.execute(corrupt, &[&key]).await {
+            Ok(_) => {
+                let error = store.get("bad", &key).await.unwrap_err().to_string();
+                assert!(
+                    error.contains(&key) && error.contains("unreadable"),
+                    "{backend}: {error}"
+                );
+                let error = unwrap_idem(plain(&store, &key, &runs).await);
+                assert!(matches!(error, Error::Store { .. }), "{backend}: {error:?}");
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: the body did not run again");
+                harness::say(&format!("non-UTF-8 on {backend}: stored, then read back as an error naming the record"));
+            }
+            Err(refused) => {
+                assert_ne!(backend, "sqlite", "SQLite accepts any bytes");
+                let record = store.get("bad", &key).await.unwrap().unwrap();
+                assert_eq!(
+                    record.response_body.as_deref(),
+                    Some("1"),
+                    "{backend} refused ({refused}); record intact"
+                );
+            }
+        }
+    }
+}
