@@ -247,6 +247,7 @@ async fn non_utf8_column() {
                     Some("1"),
                     "{backend} refused ({refused}); record intact"
                 );
+                harness::say(&format!("non-UTF-8 on {backend}: the server refused the bytes ({refused})"));
             }
         }
     }
