@@ -237,7 +237,9 @@ async fn non_utf8_column() {
                 let error = unwrap_idem(plain(&store, &key, &runs).await);
                 assert!(matches!(error, Error::Store { .. }), "{backend}: {error:?}");
                 assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: the body did not run again");
-                harness::say(&format!("non-UTF-8 on {backend}: stored, then read back as an error naming the record"));
+                harness::say(&format!(
+                    "non-UTF-8 on {backend}: stored, then read back as an error naming the record"
+                ));
             }
             Err(refused) => {
                 assert_ne!(backend, "sqlite", "SQLite accepts any bytes");
@@ -247,7 +249,9 @@ async fn non_utf8_column() {
                     Some("1"),
                     "{backend} refused ({refused}); record intact"
                 );
-                harness::say(&format!("non-UTF-8 on {backend}: the server refused the bytes ({refused})"));
+                harness::say(&format!(
+                    "non-UTF-8 on {backend}: the server refused the bytes ({refused})"
+                ));
             }
         }
     }
