@@ -79,6 +79,15 @@ struct Expected {
     expires_at: SystemTime,
 }
 
+/// The model's answer to a claim.
+#[derive(Debug)]
+enum Answer {
+    /// Granted with this fence, in the record's life begun at this instant.
+    Granted(u64, SystemTime),
+    /// Refused: this record stands.
+    Stands(Expected),
+}
+
 #[derive(Default)]
 struct Model {
     records: BTreeMap<String, Expected>,
@@ -92,7 +101,7 @@ impl Model {
         now: SystemTime,
         lease: Duration,
         ttl: Duration,
-    ) -> Result<(u64, SystemTime), Expected> {
+    ) -> Answer {
         let existing = self.records.get(key);
         let expired = existing.is_some_and(|r| r.expires_at <= now);
         let lapsed = existing.is_some_and(|r| {
@@ -105,7 +114,7 @@ impl Model {
         });
         if let Some(record) = existing {
             if !expired && !lapsed {
-                return Err(record.clone());
+                return Answer::Stands(record.clone());
             }
         }
         let takeover = existing.filter(|_| !expired);
@@ -122,9 +131,9 @@ impl Model {
             completed_at: None,
             expires_at: now + ttl.max(lease),
         };
-        let granted = (record.fence, record.created_at);
+        let granted = Answer::Granted(record.fence, record.created_at);
         self.records.insert(key.to_owned(), record);
-        Ok(granted)
+        granted
     }
 
     fn held(&mut self, lease: &Lease) -> Option<&mut Expected> {
@@ -188,7 +197,7 @@ async fn agree(store: &dyn IdempotencyStore, biz: &str, ops: &[Op]) {
                 let claim = Claim::new(biz, key, now, lease, ttl).with_fingerprint(fingerprint);
                 let expected = model.claim(key, fingerprint, now, lease, ttl);
                 match (store.claim(&claim).await.unwrap(), expected) {
-                    (ClaimOutcome::Acquired(granted), Ok((fence, created_at))) => {
+                    (ClaimOutcome::Acquired(granted), Answer::Granted(fence, created_at)) => {
                         assert_eq!(
                             (granted.fence, granted.created_at),
                             (fence, created_at),
@@ -197,7 +206,7 @@ async fn agree(store: &dyn IdempotencyStore, biz: &str, ops: &[Op]) {
                         );
                         leases.push(granted);
                     }
-                    (ClaimOutcome::Existing(record), Err(expected)) => {
+                    (ClaimOutcome::Existing(record), Answer::Stands(expected)) => {
                         assert_eq!(observed(&record), expected, "{}", at("existing record"))
                     }
                     (got, expected) => panic!("{}: store {got:?}, model {expected:?}", at("claim")),
