@@ -18,8 +18,11 @@
 //! Why the dependencies: `async-trait` makes the store trait dyn-compatible
 //! (`Arc<dyn IdempotencyStore>`), which native async trait methods are not;
 //! `sha2` computes payload fingerprints; `tokio` provides the task-local context and the
-//! timers of the heartbeat and of `wait`.
+//! timers of the heartbeat and of `wait`; `moka` (feature `cache`) is the bounded,
+//! per-entry-expiring cache behind `CachedStore`.
 
+#[cfg(feature = "cache")]
+mod cache;
 mod claim;
 mod clock;
 mod context;
@@ -38,6 +41,8 @@ pub mod sweeper;
 #[doc(hidden)]
 pub mod __private;
 
+#[cfg(feature = "cache")]
+pub use cache::CachedStore;
 pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 pub use clock::now;
 pub use context::{context, Context};

@@ -1,0 +1,124 @@
+//! The cache tier: the conformance suite through `CachedStore`, and what the cache
+//! itself promises — replays without the store, never PROCESSING, never a record of
+//! another payload, never past `expires_at`.
+
+mod conformance;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{idempotent, CachedStore, IdempotencyStore, MemoryStore, SqliteStore};
+
+conformance_suite!(async { Some(Arc::new(CachedStore::new(MemoryStore::new(), 10_000)) as Arc<dyn IdempotencyStore>) });
+
+type Cached = Arc<CachedStore<SqliteStore>>;
+
+#[idempotent(key = key, biz = "cached", store = store, payload = amount, ttl = "400ms")]
+async fn pay(store: &Cached, key: &str, amount: u32, runs: &AtomicU32) -> Result<u32, idem::Error> {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(amount)
+}
+
+async fn cached_sqlite() -> Cached {
+    let path = std::env::temp_dir().join(format!("idem-cached-{}.db", std::process::id()));
+    let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    Arc::new(CachedStore::new(store, 100))
+}
+
+async fn delete_rows(store: &Cached, key: &str) {
+    idem::sqlx::query("DELETE FROM idempotent_record WHERE idempotent_key = ?")
+        .bind(key)
+        .execute(store.inner().pool())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn replays_from_the_cache_and_only_finished_records_of_the_same_payload() {
+    let store = cached_sqlite().await;
+    let key = conformance::unique("hot");
+    let runs = AtomicU32::new(0);
+
+    let first = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move { pay(&store, &key, 199, &AtomicU32::new(0)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(matches!(
+        pay(&store, &key, 199, &runs).await,
+        Err(idem::Error::InProgress { .. })
+    ));
+    assert_eq!(store.cached(), 0, "a PROCESSING record is never cached");
+    assert_eq!(first.await.unwrap().unwrap(), 199);
+
+    assert_eq!(
+        pay(&store, &key, 199, &runs).await.unwrap(),
+        199,
+        "the first duplicate reads the store"
+    );
+    assert_eq!(store.cached(), 1);
+    delete_rows(&store, &key).await;
+    assert_eq!(
+        pay(&store, &key, 199, &runs).await.unwrap(),
+        199,
+        "later ones are served from the cache"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // Another payload is never answered from the cache: it reaches the store, where
+    // the row is gone, so the body runs.
+    assert_eq!(pay(&store, &key, 500, &runs).await.unwrap(), 500);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_mismatching_record_is_not_cached() {
+    let store = cached_sqlite().await;
+    let key = conformance::unique("mismatch");
+    let runs = AtomicU32::new(0);
+    pay(&store, &key, 199, &runs).await.unwrap();
+    assert!(matches!(
+        pay(&store, &key, 500, &runs).await,
+        Err(idem::Error::PayloadMismatch { .. })
+    ));
+    assert_eq!(
+        store.cached(),
+        0,
+        "the record that failed payload validation is not cached"
+    );
+}
+
+#[tokio::test]
+async fn cached_records_expire_with_their_ttl() {
+    let store = cached_sqlite().await;
+    let key = conformance::unique("ttl");
+    let runs = AtomicU32::new(0);
+    pay(&store, &key, 199, &runs).await.unwrap();
+    pay(&store, &key, 199, &runs).await.unwrap();
+    assert_eq!(store.cached(), 1);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(pay(&store, &key, 199, &runs).await.unwrap(), 199);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "after its ttl the key runs again, cache or not"
+    );
+    assert_eq!(store.inner().get("cached", &key).await.unwrap().unwrap().fence, 2);
+}
+
+#[tokio::test]
+async fn the_cache_is_bounded() {
+    let store = Arc::new(CachedStore::new(MemoryStore::new(), 50));
+    for i in 0..500 {
+        let key = format!("k{i}");
+        let op = idem::Idempotent::new("bounded").store(store.clone());
+        op.execute(&key, async { Ok::<_, idem::Error>(i) }).await.unwrap();
+        op.execute(&key, async { Ok::<_, idem::Error>(i) }).await.unwrap();
+    }
+    assert!(store.cached() <= 50, "{} cached", store.cached());
+}
