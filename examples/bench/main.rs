@@ -230,16 +230,23 @@ fn run_id() -> u128 {
 async fn latency(backend: &Backend, calls: usize) {
     let run = run_id();
     let op = Idempotent::new("bench").store(backend.store.clone());
-    let bare_p = sample(calls, |i| async move { drop(bare(i as u64).await) }).await;
+    let bare_p = sample(calls, |i| async move {
+        std::hint::black_box(bare(i as u64).await.unwrap());
+    })
+    .await;
     let first = sample(calls, |i| {
         let op = &op;
-        async move { drop(op.execute(format!("{run}-{i}"), bare(i as u64)).await.unwrap()) }
+        async move {
+            std::hint::black_box(op.execute(format!("{run}-{i}"), bare(i as u64)).await.unwrap());
+        }
     })
     .await;
     op.execute(format!("{run}-hot"), bare(0)).await.unwrap();
     let replay = sample(calls, |_| {
         let op = &op;
-        async move { drop(op.execute(format!("{run}-hot"), bare(1)).await.unwrap()) }
+        async move {
+            std::hint::black_box(op.execute(format!("{run}-hot"), bare(1)).await.unwrap());
+        }
     })
     .await;
     let cached = Arc::new(CachedStore::new(backend.store.clone(), 10_000));
@@ -247,7 +254,9 @@ async fn latency(backend: &Backend, calls: usize) {
     cached_op.execute(format!("{run}-hot"), bare(0)).await.unwrap();
     let cached_replay = sample(calls, |_| {
         let op = &cached_op;
-        async move { drop(op.execute(format!("{run}-hot"), bare(1)).await.unwrap()) }
+        async move {
+            std::hint::black_box(op.execute(format!("{run}-hot"), bare(1)).await.unwrap());
+        }
     })
     .await;
     let floor = match &backend.floor {
