@@ -46,7 +46,7 @@ async fn timestamps_are_native_and_migrations_untouched() {
     store.migrate().await.expect("a second migrate changes nothing");
     let types: Vec<(String, String)> = idem::sqlx::query_as(
         "SELECT column_name::text, data_type::text FROM information_schema.columns \
-         WHERE table_name = 'idempotent_record' AND column_name LIKE '%_at' OR column_name = 'lease_until' \
+         WHERE table_name = 'idempotent_record' AND (column_name LIKE '%_at' OR column_name = 'lease_until') \
          ORDER BY column_name",
     )
     .fetch_all(store.pool())

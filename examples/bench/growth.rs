@@ -14,7 +14,7 @@ const SIZES: [u64; 3] = [10_000, 100_000, 1_000_000];
 async fn fill(floor: &Floor, from: u64, rows: u64) {
     let stamp = "'2020-01-01 00:00:00.000000'";
     match floor {
-        Floor::Sqlite(pool) => drop(
+        Floor::Sqlite(store) => drop(
             idem::sqlx::query(&format!(
                 "WITH RECURSIVE s(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM s WHERE i < ?2) \
                  INSERT INTO idem_growth SELECT 'growth', 'k' || i, 'SUCCESS', 1, NULL, NULL, '1', NULL, \
@@ -22,28 +22,28 @@ async fn fill(floor: &Floor, from: u64, rows: u64) {
             ))
             .bind(from as i64 + 1)
             .bind(rows as i64)
-            .execute(pool)
+            .execute(store.pool())
             .await
             .unwrap(),
         ),
-        Floor::Postgres(pool) => drop(
+        Floor::Postgres(store) => drop(
             idem::sqlx::query(&format!(
                 "INSERT INTO idem_growth SELECT 'growth', 'k' || i, 'SUCCESS', 1, NULL, NULL, '1', NULL, \
                  {stamp}, {stamp}, {stamp}, {stamp} FROM generate_series($1::bigint, $2::bigint) i"
             ))
             .bind(from as i64 + 1)
             .bind(rows as i64)
-            .execute(pool)
+            .execute(store.pool())
             .await
             .unwrap(),
         ),
-        Floor::MySql(pool) => drop(
+        Floor::MySql(store) => drop(
             idem::sqlx::query(&format!(
                 "INSERT INTO idem_growth SELECT 'growth', CONCAT('k', seq), 'SUCCESS', 1, NULL, NULL, '1', NULL, \
                  {stamp}, {stamp}, {stamp}, {stamp} FROM seq_{}_to_{rows}",
                 from + 1
             ))
-            .execute(pool)
+            .execute(store.pool())
             .await
             .unwrap(),
         ),
@@ -58,29 +58,29 @@ async fn plans(floor: &Floor) -> Vec<String> {
     let mut lines = Vec::new();
     for query in [lookup, purge] {
         let plan: Vec<String> = match floor {
-            Floor::Sqlite(pool) => {
+            Floor::Sqlite(store) => {
                 idem::sqlx::query_as::<_, (i64, i64, i64, String)>(&format!("EXPLAIN QUERY PLAN {query}"))
-                    .fetch_all(pool)
+                    .fetch_all(store.pool())
                     .await
                     .unwrap()
                     .into_iter()
                     .map(|row| row.3)
                     .collect()
             }
-            Floor::Postgres(pool) => {
+            Floor::Postgres(store) => {
                 let query = query.replace("'2021-01-01 00:00:00.000000'", "'2021-01-01 00:00:00+00'");
                 idem::sqlx::query_as::<_, (String,)>(&format!("EXPLAIN {query}"))
-                    .fetch_all(pool)
+                    .fetch_all(store.pool())
                     .await
                     .unwrap()
                     .into_iter()
                     .map(|row| row.0.trim().to_owned())
                     .collect()
             }
-            Floor::MySql(pool) => {
+            Floor::MySql(store) => {
                 use idem::sqlx::Row;
                 idem::sqlx::query(&format!("EXPLAIN {query}"))
-                    .fetch_all(pool)
+                    .fetch_all(store.pool())
                     .await
                     .unwrap()
                     .iter()
@@ -103,22 +103,22 @@ async fn plans(floor: &Floor) -> Vec<String> {
 
 async fn growth_store(floor: &Floor) -> Box<dyn IdempotencyStore> {
     match floor {
-        Floor::Sqlite(pool) => {
-            let store = idem::SqliteStore::new(pool.clone())
+        Floor::Sqlite(store) => {
+            let store = idem::SqliteStore::new(store.pool().clone())
                 .with_table_name("idem_growth")
                 .unwrap();
             store.migrate().await.unwrap();
             Box::new(store)
         }
-        Floor::Postgres(pool) => {
-            let store = idem::sqlx::PostgresStore::new(pool.clone())
+        Floor::Postgres(store) => {
+            let store = idem::sqlx::PostgresStore::new(store.pool().clone())
                 .with_table_name("idem_growth")
                 .unwrap();
             store.migrate().await.unwrap();
             Box::new(store)
         }
-        Floor::MySql(pool) => {
-            let store = idem::sqlx::MySqlStore::new(pool.clone())
+        Floor::MySql(store) => {
+            let store = idem::sqlx::MySqlStore::new(store.pool().clone())
                 .with_table_name("idem_growth")
                 .unwrap();
             store.migrate().await.unwrap();

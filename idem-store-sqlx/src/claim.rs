@@ -38,8 +38,16 @@ fn is_deadlock(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
 }
 
-/// Run `upsert` (one atomic statement: `Some(lease)` when it granted the key); when it
-/// did not, `read` the record. A record that vanished or became claimable in between
+/// What a dialect's claim statement came to.
+pub(crate) enum Upserted {
+    /// The key is ours.
+    Granted(Lease),
+    /// Refused; the record that stood in the way when the statement could return it.
+    Refused(Option<Record>),
+}
+
+/// Run `upsert` (one atomic statement); when it refused without saying what stood in
+/// the way, `read` the record. A record that vanished or became claimable in between
 /// sends the claim round again, a bounded number of times — never a guess.
 pub(crate) async fn claim_or_read<U, UF, R, RF>(
     claim: &Claim<'_>,
@@ -48,15 +56,17 @@ pub(crate) async fn claim_or_read<U, UF, R, RF>(
 ) -> Result<ClaimOutcome, StoreError>
 where
     U: FnMut() -> UF,
-    UF: Future<Output = Result<Option<Lease>, StoreError>>,
+    UF: Future<Output = Result<Upserted, StoreError>>,
     R: FnMut() -> RF,
     RF: Future<Output = Result<Option<Record>, StoreError>>,
 {
     for _ in 0..CLAIM_ATTEMPTS {
-        if let Some(lease) = upsert().await? {
-            return Ok(ClaimOutcome::Acquired(lease));
-        }
-        match read().await? {
+        let stood = match upsert().await? {
+            Upserted::Granted(lease) => return Ok(ClaimOutcome::Acquired(lease)),
+            Upserted::Refused(Some(record)) => Some(record),
+            Upserted::Refused(None) => read().await?,
+        };
+        match stood {
             Some(record) if !claim.admits(&record) => return Ok(ClaimOutcome::Existing(record)),
             _ => continue,
         }

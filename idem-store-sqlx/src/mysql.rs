@@ -24,6 +24,7 @@ use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
+use crate::claim::Upserted;
 use crate::row::{driver_error, utc};
 use crate::statements::{Flavor, Statements};
 use crate::store_impl::impl_idempotency_store;
@@ -158,7 +159,7 @@ impl MySqlStore {
         utc(at).naive_utc()
     }
 
-    async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
+    async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let done = crate::claim::upsert_retrying_deadlocks(|| {
             sqlx::query(&self.upsert_sql)
                 .bind(claim.biz)
@@ -179,12 +180,12 @@ impl MySqlStore {
             created_at,
         };
         match (done.rows_affected(), done.last_insert_id()) {
-            (1, 0) => Ok(Some(lease(1, utc(claim.now).into()))),
+            (1, 0) => Ok(Upserted::Granted(lease(1, utc(claim.now).into()))),
             (2, fence) => {
                 // Granted on an existing row; a takeover kept the row's `created_at`.
                 use idem_runtime::IdempotencyStore;
                 match self.get(claim.biz, claim.key).await? {
-                    Some(record) if record.fence == fence => Ok(Some(lease(fence, record.created_at))),
+                    Some(record) if record.fence == fence => Ok(Upserted::Granted(lease(fence, record.created_at))),
                     other => Err(StoreError::new(format!(
                         "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
                         claim.biz,
@@ -193,7 +194,7 @@ impl MySqlStore {
                     ))),
                 }
             }
-            _ => Ok(None),
+            _ => Ok(Upserted::Refused(None)),
         }
     }
 

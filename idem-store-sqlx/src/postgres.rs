@@ -3,14 +3,19 @@
 use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
-use idem_runtime::{Claim, Lease, StoreError};
+use idem_runtime::{Claim, StoreError};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 
-use crate::row::{driver_error, utc};
+use crate::claim::Upserted;
+use crate::row::{driver_error, granted_lease, record_from_row, utc};
 use crate::statements::{Flavor, Statements};
 use crate::store_impl::impl_idempotency_store;
 use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
+
+/// Where the claim statement's result row holds the granted fence and `created_at`,
+/// after the columns of the record that stood in the way.
+const GRANTED_AT: usize = 12;
 
 /// Idempotency records in PostgreSQL, instants as `TIMESTAMPTZ`.
 #[derive(Debug, Clone)]
@@ -70,6 +75,15 @@ impl PostgresStore {
                     AND (cur.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL \
                          OR cur.fingerprint = EXCLUDED.fingerprint)) \
              RETURNING fence, created_at"
+        );
+        let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
+        let upsert_sql = format!(
+            "WITH granted AS ({upsert_sql}) \
+             SELECT {}, granted.fence, granted.created_at \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN granted ON TRUE \
+             LEFT JOIN {table} AS stood ON granted.fence IS NULL AND stood.biz_type = $1 AND stood.idempotent_key = $2",
+            stood.join(", ")
         );
         // SKIP LOCKED: a purge never waits behind a claim in flight.
         let purge_sql = format!(
@@ -132,8 +146,11 @@ impl PostgresStore {
         utc(at)
     }
 
-    async fn upsert(&self, claim: &Claim<'_>) -> Result<Option<Lease>, StoreError> {
-        let granted = crate::claim::upsert_retrying_deadlocks(|| {
+    /// One round trip either way: the claim statement runs in a CTE, and the same
+    /// statement returns the record that stood in the way when it refused (as of the
+    /// statement's snapshot; a row committed after it is read separately).
+    async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
+        let row = crate::claim::upsert_retrying_deadlocks(|| {
             sqlx::query(&self.upsert_sql)
                 .bind(claim.biz)
                 .bind(claim.key)
@@ -142,22 +159,18 @@ impl PostgresStore {
                 .bind(Self::stamp(claim.lease_until()))
                 .bind(Self::stamp(claim.now))
                 .bind(Self::stamp(claim.expires_at()))
-                .fetch_optional(&self.pool)
+                .fetch_one(&self.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
-        granted
-            .map(|row| {
-                let fence: i64 = row.try_get(0).map_err(|e| driver_error("claim", e))?;
-                let created_at: DateTime<Utc> = row.try_get(1).map_err(|e| driver_error("claim", e))?;
-                Ok(Lease {
-                    biz: claim.biz.to_owned(),
-                    key: claim.key.to_owned(),
-                    fence: fence as u64,
-                    created_at: created_at.into(),
-                })
-            })
-            .transpose()
+        if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, &row, GRANTED_AT)? {
+            return Ok(Upserted::Granted(lease));
+        }
+        let stood: Option<String> = row.try_get(0).map_err(|e| driver_error("claim", e))?;
+        match stood {
+            Some(_) => Ok(Upserted::Refused(Some(record_from_row::<_, DateTime<Utc>>(&row)?))),
+            None => Ok(Upserted::Refused(None)),
+        }
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use idem_runtime::{Record, Status, StoreError};
+use idem_runtime::{Claim, Lease, Record, Status, StoreError};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 /// `SystemTime` as UTC, truncated to the microseconds every column keeps.
@@ -85,6 +85,30 @@ where
         biz: biz.clone(),
         key: key.clone(),
     })
+}
+
+/// The lease a claim statement granted, from its `fence` and `created_at` columns at
+/// `at` and `at + 1` (both NULL when it granted nothing).
+pub(crate) fn granted_lease<'r, R, Ts>(claim: &Claim<'_>, row: &'r R, at: usize) -> Result<Option<Lease>, StoreError>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    Option<i64>: Decode<'r, R::Database> + Type<R::Database>,
+    Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
+    Ts: Stamp,
+{
+    let fence: Option<i64> = row.try_get(at).map_err(|e| driver_error("claim", e))?;
+    let created_at: Option<Ts> = row.try_get(at + 1).map_err(|e| driver_error("claim", e))?;
+    match (fence, created_at) {
+        (Some(fence), Some(created_at)) => Ok(Some(Lease {
+            biz: claim.biz.to_owned(),
+            key: claim.key.to_owned(),
+            fence: u64::try_from(fence)
+                .map_err(|_| StoreError::new(format!("claim granted a negative fence {fence}")))?,
+            created_at: created_at.into_system_time().map_err(StoreError::new)?,
+        })),
+        _ => Ok(None),
+    }
 }
 
 /// A driver error as the backend-independent [`StoreError`].

@@ -189,6 +189,20 @@ macro_rules! impl_idempotency_store {
                 }
             }
 
+            /// The exact SQL of the claim, one statement. Binds, in order: biz, key,
+            /// fingerprint, request body, lease end, now, expiry. For operators and for
+            /// the benchmark that runs it by hand as the floor idem is held to.
+            pub fn claim_sql(&self) -> &str {
+                &self.upsert_sql
+            }
+
+            /// The exact SQL of recording a success, one statement. Binds, in order:
+            /// response, lease end (now), completed at (now), expiry, biz, key, fence,
+            /// created at.
+            pub fn complete_sql(&self) -> &str {
+                &self.sql.complete
+            }
+
             /// The table this store uses.
             pub fn table_name(&self) -> &str {
                 &self.sql.table
