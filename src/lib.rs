@@ -84,6 +84,25 @@
 //! [`Error::Encode`]; all instants come from the caller's clock (hosts must keep their
 //! clocks in sync to well within a lease).
 
+//!
+//! # Stores and features
+//!
+//! [`MemoryStore`] is always there. Cargo features add the database stores, each
+//! keeping one `idempotent_record` table: `sqlite` (default, [`SqliteStore`]),
+//! `postgres` (`PostgresStore`), `mysql` (`MySqlStore`, MySQL 8 and MariaDB 10.11);
+//! [`sqlx::open`] picks one by URL. `sweeper` (default) adds
+//! [`Sweeper::continuously_purge`]; `cache` adds `CachedStore`, a bounded local tier
+//! that replays finished records without a round trip (the answer to hot keys).
+//!
+//! # Dependencies, and why
+//!
+//! `tokio` (task-local context, heartbeat and `wait` timers), `serde`/`serde_json`
+//! (responses are stored as JSON), `thiserror` (the error enum), `tracing` (lease-lost
+//! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
+//! fingerprints), `sqlx` (the database stores), `chrono` (sqlx's timestamp types),
+//! `moka` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
+//! attribute) and `strsim` ("did you mean" hints for misspelt options).
+
 pub use idem_macros::idempotent;
 pub use idem_runtime::*;
 

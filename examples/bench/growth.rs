@@ -10,15 +10,18 @@ use super::{percentiles, Backend, Floor};
 
 const SIZES: [u64; 3] = [10_000, 100_000, 1_000_000];
 
-/// Fill the growth table up to `rows` records that expired long ago.
+/// Fill the growth table up to `rows` finished records, one in ten of them expired
+/// long ago (as in a table whose sweeper runs now and then), the others live.
 async fn fill(floor: &Floor, from: u64, rows: u64) {
     let stamp = "'2020-01-01 00:00:00.000000'";
+    let expires = |i: &str| format!("CASE WHEN {i} % 10 = 0 THEN {stamp} ELSE '2100-01-01 00:00:00.000000' END");
     match floor {
         Floor::Sqlite(store) => drop(
             idem::sqlx::query(&format!(
                 "WITH RECURSIVE s(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM s WHERE i < ?2) \
                  INSERT INTO idem_growth SELECT 'growth', 'k' || i, 'SUCCESS', 1, NULL, NULL, '1', NULL, \
-                 {stamp}, {stamp}, {stamp}, {stamp} FROM s"
+                 {stamp}, {stamp}, {stamp}, {} FROM s",
+                expires("i")
             ))
             .bind(from as i64 + 1)
             .bind(rows as i64)
@@ -29,7 +32,8 @@ async fn fill(floor: &Floor, from: u64, rows: u64) {
         Floor::Postgres(store) => drop(
             idem::sqlx::query(&format!(
                 "INSERT INTO idem_growth SELECT 'growth', 'k' || i, 'SUCCESS', 1, NULL, NULL, '1', NULL, \
-                 {stamp}, {stamp}, {stamp}, {stamp} FROM generate_series($1::bigint, $2::bigint) i"
+                 {stamp}, {stamp}, {stamp}, ({})::timestamptz FROM generate_series($1::bigint, $2::bigint) i",
+                expires("i")
             ))
             .bind(from as i64 + 1)
             .bind(rows as i64)
@@ -40,13 +44,25 @@ async fn fill(floor: &Floor, from: u64, rows: u64) {
         Floor::MySql(store) => drop(
             idem::sqlx::query(&format!(
                 "INSERT INTO idem_growth SELECT 'growth', CONCAT('k', seq), 'SUCCESS', 1, NULL, NULL, '1', NULL, \
-                 {stamp}, {stamp}, {stamp}, {stamp} FROM seq_{}_to_{rows}",
+                 {stamp}, {stamp}, {stamp}, {} FROM seq_{}_to_{rows}",
+                expires("seq"),
                 from + 1
             ))
             .execute(store.pool())
             .await
             .unwrap(),
         ),
+    }
+}
+
+/// Fresh statistics, as autovacuum would gather them, so the planner knows how few
+/// records have expired.
+async fn analyze(floor: &Floor) {
+    if let Floor::Postgres(store) = floor {
+        idem::sqlx::query("ANALYZE idem_growth")
+            .execute(store.pool())
+            .await
+            .unwrap();
     }
 }
 
@@ -101,6 +117,17 @@ async fn plans(floor: &Floor) -> Vec<String> {
     lines
 }
 
+/// Start from no growth table: an earlier run's rows would collide, and deleting a
+/// million rows would leave the server busy cleaning up while we measure.
+async fn drop_table(floor: &Floor) {
+    let sql = "DROP TABLE IF EXISTS idem_growth";
+    match floor {
+        Floor::Sqlite(store) => drop(idem::sqlx::query(sql).execute(store.pool()).await.unwrap()),
+        Floor::Postgres(store) => drop(idem::sqlx::query(sql).execute(store.pool()).await.unwrap()),
+        Floor::MySql(store) => drop(idem::sqlx::query(sql).execute(store.pool()).await.unwrap()),
+    }
+}
+
 async fn growth_store(floor: &Floor) -> Box<dyn IdempotencyStore> {
     match floor {
         Floor::Sqlite(store) => {
@@ -133,6 +160,7 @@ pub async fn report(backends: &[Backend]) {
     let mut all_plans = Vec::new();
     for backend in backends {
         let Some(floor) = &backend.floor else { continue };
+        drop_table(floor).await;
         let store = growth_store(floor).await;
         let run = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -144,6 +172,7 @@ pub async fn report(backends: &[Backend]) {
         for size in SIZES {
             fill(floor, written, size + purged_total).await;
             written = size + purged_total;
+            analyze(floor).await;
             let now = idem::now();
             let mut samples = Vec::new();
             for i in 0..300 {

@@ -1,7 +1,7 @@
 //! A store in process memory.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -11,7 +11,9 @@ use crate::error::StoreError;
 use crate::record::{Record, Status};
 use crate::store::IdempotencyStore;
 
-type RecordKey = (String, String);
+/// Records by biz, then by key: two levels, so a lookup borrows the caller's `&str`s
+/// instead of allocating a `(String, String)` to search with.
+type Shelves = HashMap<String, HashMap<String, Record>>;
 
 /// Records kept in a map behind a mutex, in this process only.
 ///
@@ -21,7 +23,7 @@ type RecordKey = (String, String);
 /// where retries may reach another process or outlive a restart.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<RecordKey, Record>>,
+    shelves: Mutex<Shelves>,
 }
 
 impl MemoryStore {
@@ -32,7 +34,7 @@ impl MemoryStore {
 
     /// How many records the store holds, expired ones included.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().values().map(HashMap::len).sum()
     }
 
     /// Whether the store holds no record.
@@ -40,16 +42,16 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordKey, Record>> {
+    fn lock(&self) -> MutexGuard<'_, Shelves> {
         // A panic while holding the lock cannot leave a record half-written: every
         // mutation below is a single assignment, so the map is usable after poisoning.
-        self.records.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shelves.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Apply `write` to the record held under `lease`, if it is still held.
     fn write_held(&self, lease: &Lease, write: impl FnOnce(&mut Record)) -> FenceCheck {
-        let mut records = self.lock();
-        match records.get_mut(&(lease.biz.clone(), lease.key.clone())) {
+        let mut shelves = self.lock();
+        match shelves.get_mut(&lease.biz).and_then(|shelf| shelf.get_mut(&lease.key)) {
             Some(record) if lease.holds(record) => {
                 write(record);
                 FenceCheck::Held
@@ -62,15 +64,18 @@ impl MemoryStore {
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut records = self.lock();
-        let slot = (claim.biz.to_owned(), claim.key.to_owned());
-        let existing = records.get(&slot);
+        let mut shelves = self.lock();
+        let existing = shelves.get(claim.biz).and_then(|shelf| shelf.get(claim.key));
         if let Some(record) = existing.filter(|record| !claim.admits(record)) {
             return Ok(ClaimOutcome::Existing(record.clone()));
         }
         let granted = claim.granted(existing);
         let lease = Lease::of(&granted);
-        records.insert(slot, granted);
+        let shelf = match shelves.get_mut(claim.biz) {
+            Some(shelf) => shelf,
+            None => shelves.entry(claim.biz.to_owned()).or_default(),
+        };
+        shelf.insert(claim.key.to_owned(), granted);
         Ok(ClaimOutcome::Acquired(lease))
     }
 
@@ -115,11 +120,13 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        let mut records = self.lock();
-        let slot = (lease.biz.clone(), lease.key.clone());
-        match records.get(&slot) {
+        let mut shelves = self.lock();
+        let Some(shelf) = shelves.get_mut(&lease.biz) else {
+            return Ok(FenceCheck::Lost);
+        };
+        match shelf.get(&lease.key) {
             Some(record) if lease.holds(record) => {
-                records.remove(&slot);
+                shelf.remove(&lease.key);
                 Ok(FenceCheck::Held)
             }
             _ => Ok(FenceCheck::Lost),
@@ -127,21 +134,31 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().get(&(biz.to_owned(), key.to_owned())).cloned())
+        Ok(self.lock().get(biz).and_then(|shelf| shelf.get(key)).cloned())
     }
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let mut records = self.lock();
-        let doomed: Vec<RecordKey> = records
-            .iter()
-            .filter(|(_, record)| purgeable(record, now))
-            .map(|(slot, _)| slot.clone())
-            .take(usize::try_from(limit).unwrap_or(usize::MAX))
-            .collect();
-        for slot in &doomed {
-            records.remove(slot);
+        let mut shelves = self.lock();
+        let mut left = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut purged = 0;
+        for shelf in shelves.values_mut() {
+            if left == 0 {
+                break;
+            }
+            let doomed: Vec<String> = shelf
+                .iter()
+                .filter(|(_, record)| purgeable(record, now))
+                .map(|(key, _)| key.clone())
+                .take(left)
+                .collect();
+            for key in &doomed {
+                shelf.remove(key);
+            }
+            left -= doomed.len();
+            purged += doomed.len() as u64;
         }
-        Ok(doomed.len() as u64)
+        shelves.retain(|_, shelf| !shelf.is_empty());
+        Ok(purged)
     }
 }
 
