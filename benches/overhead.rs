@@ -3,6 +3,9 @@
 //! `CachedStore`. `cargo bench`; the per-backend table is `cargo run --release
 //! --example bench`.
 
+// `criterion_group!` defines a public fn it cannot document.
+#![allow(missing_docs)]
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
