@@ -27,7 +27,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use crate::claim::Upserted;
 use crate::row::{driver_error, utc};
 use crate::statements::{Flavor, Statements};
-use crate::store_impl::impl_idempotency_store;
+use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, index_prefix, DEFAULT_TABLE};
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
@@ -161,15 +161,7 @@ impl MySqlStore {
 
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let done = crate::claim::upsert_retrying_deadlocks(|| {
-            sqlx::query(&self.upsert_sql)
-                .bind(claim.biz)
-                .bind(claim.key)
-                .bind(claim.fingerprint)
-                .bind(claim.request_body)
-                .bind(Self::stamp(claim.lease_until()))
-                .bind(Self::stamp(claim.now))
-                .bind(Self::stamp(claim.expires_at()))
-                .execute(&self.pool)
+            bind_claim!(sqlx::query(&self.upsert_sql), claim, Self::stamp).execute(&self.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;

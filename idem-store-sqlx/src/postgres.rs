@@ -9,8 +9,8 @@ use sqlx::Row;
 
 use crate::claim::Upserted;
 use crate::row::{driver_error, granted_lease, record_from_row, utc};
-use crate::statements::{Flavor, Statements};
-use crate::store_impl::impl_idempotency_store;
+use crate::statements::{upsert_on_conflict, Flavor, Statements};
+use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
@@ -47,35 +47,13 @@ impl PostgresStore {
     }
 
     fn build(pool: PgPool, table: String) -> Self {
-        let sql = Statements::new(
-            &table,
-            &Flavor {
-                numbered: true,
-                greatest: "GREATEST",
-                columns: COLUMNS,
-            },
-        );
-        let upsert_sql = format!(
-            "INSERT INTO {table} AS cur ({COLUMNS}) \
-             VALUES ($1, $2, 'PROCESSING', 1, $3, $4, NULL, NULL, $5, $6, NULL, $7) \
-             ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
-               status = 'PROCESSING', \
-               fence = cur.fence + 1, \
-               fingerprint = CASE WHEN cur.expires_at <= $6 THEN EXCLUDED.fingerprint \
-                             ELSE COALESCE(EXCLUDED.fingerprint, cur.fingerprint) END, \
-               request_body = EXCLUDED.request_body, \
-               response_body = NULL, \
-               error_message = NULL, \
-               lease_until = EXCLUDED.lease_until, \
-               created_at = CASE WHEN cur.expires_at <= $6 THEN EXCLUDED.created_at ELSE cur.created_at END, \
-               completed_at = NULL, \
-               expires_at = EXCLUDED.expires_at \
-             WHERE cur.expires_at <= $6 \
-                OR (cur.status = 'PROCESSING' AND cur.lease_until <= $6 \
-                    AND (cur.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL \
-                         OR cur.fingerprint = EXCLUDED.fingerprint)) \
-             RETURNING fence, created_at"
-        );
+        let flavor = Flavor {
+            numbered: true,
+            greatest: "GREATEST",
+            columns: COLUMNS,
+        };
+        let sql = Statements::new(&table, &flavor);
+        let upsert_sql = upsert_on_conflict(&table, &flavor);
         let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
         let upsert_sql = format!(
             "WITH granted AS ({upsert_sql}) \
@@ -151,15 +129,7 @@ impl PostgresStore {
     /// statement's snapshot; a row committed after it is read separately).
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let row = crate::claim::upsert_retrying_deadlocks(|| {
-            sqlx::query(&self.upsert_sql)
-                .bind(claim.biz)
-                .bind(claim.key)
-                .bind(claim.fingerprint)
-                .bind(claim.request_body)
-                .bind(Self::stamp(claim.lease_until()))
-                .bind(Self::stamp(claim.now))
-                .bind(Self::stamp(claim.expires_at()))
-                .fetch_one(&self.pool)
+            bind_claim!(sqlx::query(&self.upsert_sql), claim, Self::stamp).fetch_one(&self.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;

@@ -8,8 +8,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::claim::Upserted;
 use crate::row::{driver_error, granted_lease, sqlite_text};
-use crate::statements::{Flavor, Statements};
-use crate::store_impl::impl_idempotency_store;
+use crate::statements::{upsert_on_conflict, Flavor, Statements};
+use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
 
 /// The oldest SQLite with `RETURNING` on an upsert.
@@ -56,35 +56,13 @@ impl SqliteStore {
     }
 
     fn build(pool: SqlitePool, table: String) -> Self {
-        let sql = Statements::new(
-            &table,
-            &Flavor {
-                numbered: false,
-                greatest: "MAX",
-                columns: COLUMNS,
-            },
-        );
-        let upsert_sql = format!(
-            "INSERT INTO {table} AS cur ({COLUMNS}) \
-             VALUES (?1, ?2, 'PROCESSING', 1, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7) \
-             ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
-               status = 'PROCESSING', \
-               fence = cur.fence + 1, \
-               fingerprint = CASE WHEN cur.expires_at <= ?6 THEN excluded.fingerprint \
-                             ELSE COALESCE(excluded.fingerprint, cur.fingerprint) END, \
-               request_body = excluded.request_body, \
-               response_body = NULL, \
-               error_message = NULL, \
-               lease_until = excluded.lease_until, \
-               created_at = CASE WHEN cur.expires_at <= ?6 THEN excluded.created_at ELSE cur.created_at END, \
-               completed_at = NULL, \
-               expires_at = excluded.expires_at \
-             WHERE cur.expires_at <= ?6 \
-                OR (cur.status = 'PROCESSING' AND cur.lease_until <= ?6 \
-                    AND (cur.fingerprint IS NULL OR excluded.fingerprint IS NULL \
-                         OR cur.fingerprint = excluded.fingerprint)) \
-             RETURNING fence, created_at"
-        );
+        let flavor = Flavor {
+            numbered: false,
+            greatest: "MAX",
+            columns: COLUMNS,
+        };
+        let sql = Statements::new(&table, &flavor);
+        let upsert_sql = upsert_on_conflict(&table, &flavor);
         let purge_sql = format!(
             "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
              WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
@@ -168,15 +146,7 @@ impl SqliteStore {
     /// the floor against 1.06×.)
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let granted = crate::claim::upsert_retrying_deadlocks(|| {
-            sqlx::query(&self.upsert_sql)
-                .bind(claim.biz)
-                .bind(claim.key)
-                .bind(claim.fingerprint)
-                .bind(claim.request_body)
-                .bind(Self::stamp(claim.lease_until()))
-                .bind(Self::stamp(claim.now))
-                .bind(Self::stamp(claim.expires_at()))
-                .fetch_optional(&self.pool)
+            bind_claim!(sqlx::query(&self.upsert_sql), claim, Self::stamp).fetch_optional(&self.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;

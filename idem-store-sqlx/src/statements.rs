@@ -3,6 +3,8 @@
 //! Every holder write names its lease the same way — `fence` and `created_at` of the
 //! record's life, while it is `PROCESSING` — so a fenced-out holder matches no row.
 
+use crate::table::COLUMNS;
+
 /// What differs between dialects in the statements that are otherwise shared.
 pub(crate) struct Flavor {
     /// `$1, $2, …` placeholders (PostgreSQL) instead of `?`.
@@ -70,6 +72,40 @@ impl Statements {
     }
 }
 
+/// The claim on PostgreSQL and SQLite: insert, or take over an expired record or a
+/// lapsed lease whose fingerprint agrees, in one statement; `RETURNING` says whether
+/// (and with which fence and life) it granted. Binds: biz, key, fingerprint, request
+/// body, lease end, now, expiry.
+pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
+    let text = format!(
+        "INSERT INTO {table} AS cur ({COLUMNS}) \
+         VALUES (?1, ?2, 'PROCESSING', 1, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7) \
+         ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
+           status = 'PROCESSING', \
+           fence = cur.fence + 1, \
+           fingerprint = CASE WHEN cur.expires_at <= ?6 THEN excluded.fingerprint \
+                         ELSE COALESCE(excluded.fingerprint, cur.fingerprint) END, \
+           request_body = excluded.request_body, \
+           response_body = NULL, \
+           error_message = NULL, \
+           lease_until = excluded.lease_until, \
+           created_at = CASE WHEN cur.expires_at <= ?6 THEN excluded.created_at ELSE cur.created_at END, \
+           completed_at = NULL, \
+           expires_at = excluded.expires_at \
+         WHERE cur.expires_at <= ?6 \
+            OR (cur.status = 'PROCESSING' AND cur.lease_until <= ?6 \
+                AND (cur.fingerprint IS NULL OR excluded.fingerprint IS NULL \
+                     OR cur.fingerprint = excluded.fingerprint)) \
+         RETURNING fence, created_at"
+    );
+    // SQLite numbers placeholders `?N`; PostgreSQL `$N`.
+    if flavor.numbered {
+        text.replace('?', "$")
+    } else {
+        text
+    }
+}
+
 /// `?, ?` → `$1, $2`.
 pub(crate) fn numbered(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
@@ -89,7 +125,6 @@ pub(crate) fn numbered(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::table::COLUMNS;
 
     #[test]
     fn numbers_placeholders_for_postgres() {

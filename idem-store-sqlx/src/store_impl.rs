@@ -216,4 +216,19 @@ macro_rules! impl_idempotency_store {
     };
 }
 
-pub(crate) use impl_idempotency_store;
+/// Bind a claim's values in the order every dialect's claim statement takes them:
+/// biz, key, fingerprint, request body, lease end, now, expiry.
+macro_rules! bind_claim {
+    ($query:expr, $claim:expr, $stamp:path) => {
+        $query
+            .bind($claim.biz)
+            .bind($claim.key)
+            .bind($claim.fingerprint)
+            .bind($claim.request_body)
+            .bind($stamp($claim.lease_until()))
+            .bind($stamp($claim.now))
+            .bind($stamp($claim.expires_at()))
+    };
+}
+
+pub(crate) use {bind_claim, impl_idempotency_store};
