@@ -8,7 +8,7 @@ mod harness;
 
 use std::collections::HashMap;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,22 +75,27 @@ fn outage(backend: &str, server_name: &str) {
                     .unwrap(),
             )),
         };
-        (store, Effects::open(&url).await)
+        (store, Effects::open_waiting(&url, Duration::from_secs(1)).await)
     });
     let keys: Vec<String> = (0..150).map(|k| format!("{run}-{k}")).collect();
 
     // A steady stream of calls, while the server goes down and comes back.
+    let refusals = Arc::new(AtomicUsize::new(0));
     let calls = {
         let (store, effects, run, keys) = (store.clone(), effects.clone(), run.clone(), keys.clone());
+        let refusals = refusals.clone();
         runtime.spawn(async move {
             let mut outcomes = Vec::new();
             for key in keys {
                 let entered = AtomicBool::new(false);
                 let outcome = match settle(&store, &effects, &run, &key, &entered).await {
                     Ok(token) => Outcome::Ok(token),
-                    Err(AppError::Idem(idem::Error::Store { operation: "claim", .. })) => Outcome::RefusedAtClaim {
-                        body_ran: entered.load(Ordering::SeqCst),
-                    },
+                    Err(AppError::Idem(idem::Error::Store { operation: "claim", .. })) => {
+                        refusals.fetch_add(1, Ordering::SeqCst);
+                        Outcome::RefusedAtClaim {
+                            body_ran: entered.load(Ordering::SeqCst),
+                        }
+                    }
                     Err(error) => Outcome::Failed(error.to_string()),
                 };
                 outcomes.push((key, outcome));
@@ -102,7 +107,12 @@ fn outage(backend: &str, server_name: &str) {
     std::thread::sleep(Duration::from_millis(1500));
     let down = Instant::now();
     server(&format!("stop-{server_name}"));
+    // Down for at least 2 s, and until the stream has met the stopped server.
     std::thread::sleep(Duration::from_secs(2));
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while refusals.load(Ordering::SeqCst) == 0 && Instant::now() < give_up {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     server(&format!("start-{server_name}"));
     let downtime = down.elapsed();
     let outcomes = runtime.block_on(calls).unwrap();

@@ -29,6 +29,12 @@ pub struct Effects {
 
 impl Effects {
     pub async fn open(url: &str) -> Self {
+        Self::open_waiting(url, Duration::from_secs(30)).await
+    }
+
+    /// Like [`open`](Self::open), giving up on a connection after `acquire`: the
+    /// business fails fast, as the store does, while its server is down.
+    pub async fn open_waiting(url: &str, acquire: Duration) -> Self {
         sqlx::any::install_default_drivers();
         let url = if url.starts_with("sqlite") {
             format!("{url}?mode=rwc")
@@ -36,7 +42,11 @@ impl Effects {
             url.to_owned()
         };
         let effects = Effects {
-            pool: AnyPool::connect(&url).await.unwrap(),
+            pool: sqlx::any::AnyPoolOptions::new()
+                .acquire_timeout(acquire)
+                .connect(&url)
+                .await
+                .unwrap(),
             numbered: url.starts_with("postgres"),
         };
         // Concurrent CREATE TABLE IF NOT EXISTS can race on PostgreSQL's catalog:
