@@ -189,7 +189,7 @@ impl Call<'_> {
         let mut pause = WAIT_FIRST_POLL;
         loop {
             let claim = Claim::new(&self.op.biz, &self.key, clock::now(), self.op.lease, self.op.ttl)
-                .with_fingerprint(fingerprint.as_deref());
+                .with_fingerprint(fingerprint);
             let outcome = self
                 .store
                 .claim(&claim)
@@ -199,7 +199,7 @@ impl Call<'_> {
                 ClaimOutcome::Acquired(lease) => return self.execute_claimed(lease, body).await,
                 ClaimOutcome::Existing(record) => record,
             };
-            if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint.as_deref()) {
+            if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
                 return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }).into());
             }
             if record.status != Status::Processing {
@@ -218,7 +218,7 @@ impl Call<'_> {
 
     /// Step 1 of DESIGN §3, before anything touches the store: the biz, the key and the
     /// payload fingerprint.
-    fn check_input(&self) -> Result<Option<String>, Error> {
+    fn check_input(&self) -> Result<Option<&str>, Error> {
         if let Some(reason) = biz_problem(&self.op.biz) {
             return Err(Error::InvalidBiz {
                 biz: self.op.biz.to_string(),
@@ -230,7 +230,7 @@ impl Call<'_> {
         }
         match &self.op.fingerprint {
             None => Ok(None),
-            Some(Ok(fingerprint)) => Ok(Some(fingerprint.clone())),
+            Some(Ok(fingerprint)) => Ok(Some(fingerprint)),
             Some(Err(message)) => Err(self.error(|biz, key| Error::Encode {
                 biz,
                 key,
