@@ -100,7 +100,7 @@
 //! (responses are stored as JSON), `thiserror` (the error enum), `tracing` (lease-lost
 //! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
 //! fingerprints), `sqlx` (the database stores), `chrono` (sqlx's timestamp types),
-//! `moka` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
+//! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute) and `strsim` ("did you mean" hints for misspelt options).
 
 pub use idem_macros::idempotent;

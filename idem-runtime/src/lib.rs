@@ -18,8 +18,8 @@
 //! Why the dependencies: `async-trait` makes the store trait dyn-compatible
 //! (`Arc<dyn IdempotencyStore>`), which native async trait methods are not;
 //! `sha2` computes payload fingerprints; `tokio` provides the task-local context and the
-//! timers of the heartbeat and of `wait`; `moka` (feature `cache`) is the bounded,
-//! per-entry-expiring cache behind `CachedStore`.
+//! timers of the heartbeat and of `wait`; `quick_cache` (feature `cache`) is the bounded
+//! concurrent cache behind `CachedStore`, chosen for reads that do no housekeeping.
 
 #[cfg(feature = "cache")]
 mod cache;
