@@ -333,31 +333,7 @@ fn check_sql(backend: &str) {
     check(backend, || {
         let url = url.clone();
         async move {
-            let store: Arc<dyn IdempotencyStore> = if url.starts_with("sqlite") {
-                let store = idem::SqliteStore::connect(&url)
-                    .await
-                    .unwrap()
-                    .with_table_name("idem_model")
-                    .unwrap();
-                store.migrate().await.unwrap();
-                Arc::new(store)
-            } else if url.starts_with("postgres") {
-                let store = idem::sqlx::PostgresStore::connect(&url)
-                    .await
-                    .unwrap()
-                    .with_table_name("idem_model")
-                    .unwrap();
-                store.migrate().await.unwrap();
-                Arc::new(store)
-            } else {
-                let store = idem::sqlx::MySqlStore::connect(&url)
-                    .await
-                    .unwrap()
-                    .with_table_name("idem_model")
-                    .unwrap();
-                store.migrate().await.unwrap();
-                Arc::new(store)
-            };
+            let store = idem::sqlx::open_table(&url, "idem_model").await.unwrap();
             harness::Effects::open(&url)
                 .await
                 .execute("DELETE FROM idem_model", &[])

@@ -46,7 +46,7 @@ mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
-pub use open::open;
+pub use open::{open, open_table};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]

@@ -9,23 +9,30 @@ use idem_runtime::{IdempotencyStore, StoreError};
 /// and [`migrate`](crate::SqliteStore::migrate) its table. The store's cargo feature
 /// must be on; a URL of a kind that is off or unknown is an error naming it.
 pub async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    open_table(url, crate::DEFAULT_TABLE).await
+}
+
+/// [`open`] on the table `table` instead of `idempotent_record`.
+pub async fn open_table(url: &str, table: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
     let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
     match scheme {
         #[cfg(feature = "sqlite")]
         "sqlite" => {
-            let store = crate::SqliteStore::connect(url).await?;
+            let store = crate::SqliteStore::connect(url).await?.with_table_name(table)?;
             store.migrate().await?;
             Ok(Arc::new(store))
         }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
-            let store = crate::PostgresStore::connect(url).await?;
+            let store = crate::PostgresStore::connect(url).await?.with_table_name(table)?;
             store.migrate().await?;
             Ok(Arc::new(store))
         }
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => {
-            let store = crate::MySqlStore::connect(&url.replacen("mariadb:", "mysql:", 1)).await?;
+            let store = crate::MySqlStore::connect(&url.replacen("mariadb:", "mysql:", 1))
+                .await?
+                .with_table_name(table)?;
             store.migrate().await?;
             Ok(Arc::new(store))
         }
