@@ -54,7 +54,7 @@ async fn response_that_does_not_serialize(store: &Store) {
     );
     let record = store.get("bad", &key).await.unwrap().unwrap();
     assert_eq!(record.status, Status::Failed, "recorded, so the body is not run again");
-    assert!(record.error_message.unwrap().contains("could not be encoded"));
+    assert!(record.error_message.unwrap().contains("could not be recorded"));
     let again = unwrap_idem(unencodable(store, &key, &runs).await);
     assert!(matches!(again, Error::PreviousFailed { .. }), "{again:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);

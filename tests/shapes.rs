@@ -60,7 +60,7 @@ impl Service {
 async fn generic<K, S>(store: &S, key: K, (a, b): (u32, u32), extra: impl Display + Send) -> Result<String, AppError>
 where
     K: Display + Send,
-    S: IdempotencyStore,
+    S: IdempotencyStore + Clone,
 {
     Ok(format!("{}+{}={} {extra}", a, b, a + b))
 }

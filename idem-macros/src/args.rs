@@ -14,8 +14,8 @@ const OPTIONS: [&str; 10] = [
 ];
 const MAX_BIZ_CHARS: usize = 64;
 
-/// A duration option: its value in milliseconds.
-pub struct Millis(pub u64);
+/// A duration option: its value in milliseconds, and the literal it was written as.
+pub struct Millis(pub u64, pub proc_macro2::Span);
 
 /// The checked options of one attribute.
 pub struct Args {
@@ -216,7 +216,7 @@ fn duration(name: &str, value: &Expr) -> syn::Result<Millis> {
             lit.span(),
             format!("`{name}` must be positive: use at least \"1ms\""),
         )),
-        Ok(millis) => Ok(Millis(millis)),
+        Ok(millis) => Ok(Millis(millis, lit.span())),
         Err(problem) => Err(syn::Error::new(lit.span(), format!("bad `{name}`: {problem}"))),
     }
 }

@@ -45,8 +45,21 @@ pub fn expand(args: Args, item: ItemFn) -> TokenStream {
     let key = &args.key;
     let key_stmt = quote_spanned!(key.span()=> let __idem_key = #private::key(&(#key)););
     let biz = &args.biz;
+    // Each duration is checked against the runtime's bound in a `const _` item, which
+    // the compiler always evaluates: out of range is a compile error at the literal.
+    let durations = [("ttl", &args.ttl), ("lease", &args.lease), ("wait", &args.wait)];
+    let duration_checks = durations.iter().filter_map(|(option, value)| {
+        value.as_ref().map(|Millis(ms, span)| {
+            let problem = format!(
+                "`{option}` is out of range: a duration is positive and at most 100 years \
+                 (`idem::MAX_DURATION`), the longest every store can hold"
+            );
+            respan(quote!(const _: () = #private::check_duration_ms(#ms, #problem);), *span)
+        })
+    });
+    let duration_checks = quote!(#(#duration_checks)*);
     let millis = |option: &str, value: &Option<Millis>| {
-        value.as_ref().map(|Millis(ms)| {
+        value.as_ref().map(|Millis(ms, _)| {
             let setter = syn::Ident::new(option, Span::call_site());
             quote!(.#setter(#private::Duration::from_millis(#ms)))
         })
@@ -71,15 +84,30 @@ pub fn expand(args: Args, item: ItemFn) -> TokenStream {
     // The whole call is spanned on the return type: an unmet bound on `T` or `E` is
     // reported there, once.
     let run = respan(
-        quote!(#private::run::<#ret, _>(&__idem_op, #store_arg, __idem_key, __idem_body).await),
+        quote!(#private::run::<#ret, _>(&__idem_op, #store_arg, __idem_key, __idem_describe, __idem_body).await),
+        ret_span,
+    );
+    // An `Err` is described by its `Display` text where its type has one, else by its
+    // type (autoref specialization: resolved here, where the error type is concrete).
+    let describe = respan(
+        quote! {
+            #[allow(clippy::type_complexity)]
+            let __idem_describe: fn(&<#ret as #private::IdempotentReturn>::Err) -> ::std::string::String = |__idem_error| {
+                #[allow(unused_imports)]
+                use #private::{DescribeByDisplay as _, DescribeByType as _};
+                (&&#private::Describe(__idem_error)).describe()
+            };
+        },
         ret_span,
     );
 
     let statements = quote! {
+            #duration_checks
             #key_stmt
             let __idem_op = #krate::Idempotent::new(#biz) #ttl #lease #wait #mode #on_error;
             #payload
             #store_stmt
+            #describe
             let __idem_body = async move {
                 // Fixes the block's return type before its first `?`, as async-trait does.
                 #[allow(unreachable_code)]
@@ -132,6 +160,7 @@ mod tests {
         let key_at = out.find("__private :: key (& (req . id))").unwrap();
         let body_at = out.find("Ok (req . amount)").unwrap();
         assert!(key_at < body_at);
+        assert!(out.contains("check_duration_ms (3600000u64)"));
         assert!(out.contains("Duration :: from_millis (3600000u64)"));
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::store::OwnedStore;
 use crate::{Error, IdempotencyStore, Idempotent};
 
 /// The return type of an `#[idempotent]` fn.
@@ -85,18 +86,18 @@ impl<P: Serialize + ?Sized> PayloadValue for P {}
 /// A store named by `store = ...`, borrowed or shared.
 pub enum StoreHandle<'a> {
     /// From `&S`.
-    Borrowed(&'a dyn IdempotencyStore),
+    Borrowed(&'a dyn OwnedStore),
     /// From `Arc<S>` or `Arc<dyn IdempotencyStore>` (a clone of the `Arc`, so the
     /// expression's owner is not borrowed while the body runs).
     Shared(Arc<dyn IdempotencyStore>),
 }
 
 impl Deref for StoreHandle<'_> {
-    type Target = dyn IdempotencyStore;
+    type Target = dyn OwnedStore;
     fn deref(&self) -> &Self::Target {
         match self {
             StoreHandle::Borrowed(store) => *store,
-            StoreHandle::Shared(store) => &**store,
+            StoreHandle::Shared(store) => store,
         }
     }
 }
@@ -104,20 +105,16 @@ impl Deref for StoreHandle<'_> {
 /// The value of `store = ...`.
 #[diagnostic::on_unimplemented(
     message = "`store = ...` must be `&S`, `Arc<S>` or `Arc<dyn IdempotencyStore>`, not `{Self}`",
-    label = "not a reference to or `Arc` of an `IdempotencyStore`",
-    note = "borrow the store (`store = &self.store`) or pass an `Arc` of it"
+    label = "not a reference to or `Arc` of a `Clone` `IdempotencyStore`",
+    note = "borrow the store (`store = &self.store`) or pass an `Arc` of it; a borrowed store must be `Clone` \
+            (a cheap handle) so that a finished call is recorded even if its caller is dropped"
 )]
 pub trait StoreValue<'a> {
     /// The store to run on.
     fn handle(&self) -> StoreHandle<'a>;
 }
 
-impl<'a, S: IdempotencyStore> StoreValue<'a> for &'a S {
-    fn handle(&self) -> StoreHandle<'a> {
-        StoreHandle::Borrowed(*self)
-    }
-}
-impl<'a> StoreValue<'a> for &'a dyn IdempotencyStore {
+impl<'a, S: IdempotencyStore + Clone> StoreValue<'a> for &'a S {
     fn handle(&self) -> StoreHandle<'a> {
         StoreHandle::Borrowed(*self)
     }
@@ -148,8 +145,14 @@ pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
     store.handle()
 }
 
-/// Run the body of an `#[idempotent]` fn.
-pub async fn run<R, F>(op: &Idempotent, store: Option<&dyn IdempotencyStore>, key: String, body: F) -> R
+/// Run the body of an `#[idempotent]` fn; `describe` words an `Err` for a `FAIL` record.
+pub async fn run<R, F>(
+    op: &Idempotent,
+    store: Option<&dyn OwnedStore>,
+    key: String,
+    describe: fn(&R::Err) -> String,
+    body: F,
+) -> R
 where
     R: IdempotentReturn,
     R::Ok: Replayable,
@@ -158,9 +161,48 @@ where
 {
     let body = async move { body.await.into_result() };
     R::from_result(match store {
-        Some(store) => op.execute_on(store, key, body).await,
-        None => op.execute(key, body).await,
+        Some(store) => op.run_on(store, key, body, describe).await,
+        None => match op.store_or_installed() {
+            Ok(store) => op.run_on(&store, key, body, describe).await,
+            Err(error) => Err(error.into()),
+        },
     })
+}
+
+/// An error to describe in a `FAIL` record: by its `Display` text where it has one
+/// (`(&&Describe(e)).describe()` picks [`DescribeByDisplay`]), else by its type.
+pub struct Describe<'a, E>(pub &'a E);
+
+/// The `Display` text of an error.
+pub trait DescribeByDisplay {
+    /// The description.
+    fn describe(&self) -> String;
+}
+impl<E: Display> DescribeByDisplay for &Describe<'_, E> {
+    fn describe(&self) -> String {
+        self.0.to_string()
+    }
+}
+
+/// The type of an error without `Display`.
+pub trait DescribeByType {
+    /// The description.
+    fn describe(&self) -> String;
+}
+impl<E> DescribeByType for Describe<'_, E> {
+    fn describe(&self) -> String {
+        crate::executor::failure_of_type::<E>()
+    }
+}
+
+/// A duration of the attribute, checked at compile time against the rule the builder
+/// applies at run time ([`duration_problem`](crate::duration_problem)).
+/// The attribute evaluates it in a `const _` item, so a value out of range stops the
+/// build with `problem` (which names the option and its value).
+pub const fn check_duration_ms(ms: u64, problem: &'static str) {
+    if ms == 0 || ms > crate::bounds::MAX_DURATION_MS {
+        panic!("{}", problem);
+    }
 }
 
 pub use std::time::Duration;

@@ -1,7 +1,13 @@
 //! The task-local context of a running idempotent call.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::sync::Notify;
+
+use crate::claim::Lease;
 
 tokio::task_local! {
     static CURRENT: Context;
@@ -11,19 +17,47 @@ tokio::task_local! {
 ///
 /// Side effects (an SMS, points, a message to a queue) reuse it so that they are
 /// idempotent on the same key: pass [`Context::effect_key`] to the downstream service.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Context {
     biz: Arc<str>,
     key: Arc<str>,
     fence: u64,
+    /// `created_at` of the record's life, in microseconds since the epoch.
+    life: u64,
+    lease: Arc<LeaseSignal>,
+}
+
+/// Set by the heartbeat when a renewal finds the claim taken over.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseSignal {
+    lost: AtomicBool,
+    notify: Notify,
+}
+
+impl LeaseSignal {
+    pub(crate) fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
 }
 
 impl Context {
-    pub(crate) fn new(biz: &str, key: &str, fence: u64) -> Self {
+    pub(crate) fn new(lease: &Lease, signal: Arc<LeaseSignal>) -> Self {
+        let life = lease
+            .created_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros();
         Self {
-            biz: biz.into(),
-            key: key.into(),
-            fence,
+            biz: lease.biz.as_str().into(),
+            key: lease.key.as_str().into(),
+            fence: lease.fence,
+            life: u64::try_from(life).unwrap_or(u64::MAX),
+            lease: signal,
         }
     }
 
@@ -37,15 +71,55 @@ impl Context {
         &self.key
     }
 
-    /// Fence number of the claim this body runs under.
+    /// Fence number of the claim this body runs under: it grows with every claim of
+    /// the key, takeovers included, so a downstream service that remembers the highest
+    /// fence it saw can refuse a write from a holder that was taken over.
     pub fn fence(&self) -> u64 {
         self.fence
     }
 
-    /// A key for one side effect of this call, `"{biz}:{key}:{effect}"`: the same on
-    /// every retry of the call, different for each effect.
+    /// When this life of the record began. A record that expired (or was purged) and is
+    /// claimed again starts a new life; a takeover continues the old one.
+    pub fn life_started(&self) -> SystemTime {
+        UNIX_EPOCH + std::time::Duration::from_micros(self.life)
+    }
+
+    /// A key for one side effect of this call, `"{biz}:{key}:{life}:{effect}"`: the same
+    /// on every retry and takeover within one life of the record, so a downstream
+    /// service deduplicates it; different in the key's next life (after its TTL), so a
+    /// legitimate new request's effect is not swallowed.
     pub fn effect_key(&self, effect: &str) -> String {
-        format!("{}:{}:{effect}", self.biz, self.key)
+        format!("{}:{}:{}:{effect}", self.biz, self.key, self.life)
+    }
+
+    /// Whether this call still holds its claim, as far as the heartbeat knows: false once
+    /// a renewal found the key taken over by another caller (after this call's lease
+    /// lapsed). The body's outcome will then be refused ([`Error::LeaseLost`]); a body
+    /// with outside effects should check before each one.
+    ///
+    /// [`Error::LeaseLost`]: crate::Error::LeaseLost
+    pub fn lease_held(&self) -> bool {
+        !self.lease.is_lost()
+    }
+
+    /// Resolves when the heartbeat finds this call's claim taken over; never, while it
+    /// holds. Select on it to stop a long body that no longer owns its key:
+    ///
+    /// ```ignore
+    /// let ctx = idem::context().expect("inside an idempotent call");
+    /// tokio::select! {
+    ///     done = long_work() => done,
+    ///     () = ctx.lease_lost() => Err(MyError::Abandoned),
+    /// }
+    /// ```
+    pub async fn lease_lost(&self) {
+        loop {
+            let notified = self.lease.notify.notified();
+            if self.lease.is_lost() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {
@@ -57,4 +131,12 @@ impl Context {
 /// outside one. Tasks spawned from the body do not inherit it: pass it along.
 pub fn context() -> Option<Context> {
     CURRENT.try_with(Context::clone).ok()
+}
+
+/// Whether the body running on this task holds `(biz, key)`: a call for the same key
+/// from inside it would wait on itself.
+pub(crate) fn inside(biz: &str, key: &str) -> bool {
+    CURRENT
+        .try_with(|current| &*current.biz == biz && &*current.key == key)
+        .unwrap_or(false)
 }

@@ -31,6 +31,29 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// An option given to the builder is out of range (a zero or over-long duration).
+    /// The attribute refuses the same values at compile time. Nothing was claimed.
+    #[error("invalid option for biz `{biz}`: {reason}")]
+    InvalidOption {
+        /// Business namespace of the operation.
+        biz: String,
+        /// The option: `ttl`, `lease` or `wait`.
+        option: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+    /// The body of an idempotent call for `(biz, key)` called an idempotent fn with the
+    /// same `(biz, key)`: it would wait on its own claim. Nothing was claimed.
+    #[error(
+        "biz `{biz}` key `{key}` was called again from inside its own body; \
+         the inner call would wait on the outer one's claim: use another biz or key for the inner call"
+    )]
+    Reentrant {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
     /// A call with the same key is still running (and `wait` was not set, or ran out).
     #[error("biz `{biz}` key `{key}` is still being processed by an earlier call")]
     InProgress {

@@ -1,51 +1,131 @@
-//! Payload fingerprints: SHA-256 of canonical JSON.
+//! Payload fingerprints: SHA-256 of a canonical encoding of the payload.
+//!
+//! Equal payloads must fingerprint equal, whatever order a `HashMap` or `HashSet`
+//! iterates in and however wide their integers are. So the payload is taken through
+//! serde's data model (`serde-content`, which keeps 128-bit integers, options, tuples
+//! and structs apart) rather than through `serde_json::Value`, and encoded with:
+//! map entries and struct fields sorted by name; sequences (`Vec`, sets, slices) sorted
+//! element by element, so they compare as multisets; tuples and fixed-size arrays in
+//! order; integers as exact decimals of any width.
+
+use std::fmt::Write as _;
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_content::{Data, Number, Value};
 use sha2::{Digest, Sha256};
 
-/// The fingerprint of `payload`: lower-case hex SHA-256 of its JSON with object keys
-/// sorted at every depth, so neither field order nor serde_json's `preserve_order`
-/// feature changes it.
-pub fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, serde_json::Error> {
-    let value = serde_json::to_value(payload)?;
-    let mut hasher = Sha256::new();
-    write_canonical(&value, &mut hasher);
-    Ok(hasher.finalize().iter().map(|byte| format!("{byte:02x}")).collect())
+/// The fingerprint of `payload`: lower-case hex SHA-256 of its canonical encoding (see
+/// the module docs). Fails only when the payload's own `Serialize` fails.
+pub fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, serde_content::Error> {
+    let value = serde_content::Serializer::new().human_readable().serialize(payload)?;
+    let mut text = String::new();
+    canonical(&value, &mut text);
+    let digest = Sha256::digest(text.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    Ok(hex)
 }
 
-fn write_canonical(value: &Value, hasher: &mut Sha256) {
+fn canonical(value: &Value<'_>, out: &mut String) {
     match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            hasher.update(b"{");
-            for (i, (name, field)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    hasher.update(b",");
-                }
-                hasher.update(Value::String(name.clone()).to_string().as_bytes());
-                hasher.update(b":");
-                write_canonical(field, hasher);
+        Value::Unit | Value::Option(None) => out.push_str("null"),
+        Value::Option(Some(inner)) => canonical(inner, out),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(number) => number_text(number, out),
+        Value::Char(c) => string(&c.to_string(), out),
+        Value::String(s) => string(s, out),
+        Value::Bytes(bytes) => list(bytes.iter().map(|b| u64::from(*b).to_string()), false, out),
+        Value::Seq(items) => list(items.iter().map(encoded), true, out),
+        Value::Tuple(items) => list(items.iter().map(encoded), false, out),
+        Value::Map(entries) => map(entries.iter().map(|(k, v)| (encoded(k), encoded(v))), out),
+        Value::Struct(s) => data(&s.data, out),
+        Value::Enum(e) => match &e.data {
+            Data::Unit => string(&e.variant, out),
+            other => {
+                let mut inner = String::new();
+                data(other, &mut inner);
+                map(std::iter::once((quoted(&e.variant), inner)), out);
             }
-            hasher.update(b"}");
-        }
-        Value::Array(items) => {
-            hasher.update(b"[");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    hasher.update(b",");
-                }
-                write_canonical(item, hasher);
-            }
-            hasher.update(b"]");
-        }
-        scalar => hasher.update(scalar.to_string().as_bytes()),
+        },
     }
+}
+
+fn data(data: &Data<'_>, out: &mut String) {
+    match data {
+        Data::Unit => out.push_str("null"),
+        Data::NewType { value } => canonical(value, out),
+        Data::Tuple { values } => list(values.iter().map(encoded), false, out),
+        Data::Struct { fields } => map(fields.iter().map(|(name, v)| (quoted(name), encoded(v))), out),
+    }
+}
+
+fn encoded(value: &Value<'_>) -> String {
+    let mut out = String::new();
+    canonical(value, &mut out);
+    out
+}
+
+fn quoted(text: &str) -> String {
+    let mut out = String::new();
+    string(text, &mut out);
+    out
+}
+
+fn string(text: &str, out: &mut String) {
+    // serde_json's escaping: the same text always gives the same bytes.
+    out.push_str(&serde_json::Value::from(text).to_string());
+}
+
+fn number_text(number: &Number, out: &mut String) {
+    let _ = match *number {
+        Number::I8(n) => write!(out, "{n}"),
+        Number::U8(n) => write!(out, "{n}"),
+        Number::I16(n) => write!(out, "{n}"),
+        Number::U16(n) => write!(out, "{n}"),
+        Number::I32(n) => write!(out, "{n}"),
+        Number::U32(n) => write!(out, "{n}"),
+        Number::I64(n) => write!(out, "{n}"),
+        Number::U64(n) => write!(out, "{n}"),
+        Number::I128(n) => write!(out, "{n}"),
+        Number::U128(n) => write!(out, "{n}"),
+        // `{:?}` is the shortest text that reads back as the same float.
+        Number::F32(n) => write!(out, "{:?}", f64::from(n)),
+        Number::F64(n) => write!(out, "{n:?}"),
+        _ => write!(out, "{number:?}"),
+    };
+}
+
+fn list(items: impl Iterator<Item = String>, sorted: bool, out: &mut String) {
+    let mut items: Vec<String> = items.collect();
+    if sorted {
+        items.sort_unstable();
+    }
+    out.push('[');
+    out.push_str(&items.join(","));
+    out.push(']');
+}
+
+fn map(entries: impl Iterator<Item = (String, String)>, out: &mut String) {
+    let mut entries: Vec<(String, String)> = entries.collect();
+    entries.sort_unstable();
+    out.push('{');
+    for (i, (name, value)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&name);
+        out.push(':');
+        out.push_str(&value);
+    }
+    out.push('}');
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, HashMap, HashSet};
+
     use super::*;
     use serde_json::json;
 
@@ -57,5 +137,42 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_eq!(a.len(), 64);
+    }
+
+    #[test]
+    fn sets_and_maps_fingerprint_the_same_in_any_iteration_order() {
+        let items: Vec<String> = (0..64).map(|i| format!("sku-{i}")).collect();
+        let reference = fingerprint(&items.iter().cloned().collect::<HashSet<_>>()).unwrap();
+        let by_id: BTreeMap<u32, &str> = (0..64).map(|i| (i, "x")).collect();
+        let map_reference = fingerprint(&by_id).unwrap();
+        for _ in 0..20 {
+            // Each HashSet / HashMap has its own random iteration order.
+            let set: HashSet<String> = items.iter().rev().cloned().collect();
+            assert_eq!(fingerprint(&set).unwrap(), reference);
+            let map: HashMap<u32, &str> = by_id.iter().map(|(k, v)| (*k, *v)).collect();
+            assert_eq!(fingerprint(&map).unwrap(), map_reference);
+        }
+        let fewer: HashSet<String> = items[1..].iter().cloned().collect();
+        assert_ne!(fingerprint(&fewer).unwrap(), reference);
+    }
+
+    #[test]
+    fn integers_of_any_width_fingerprint_exactly() {
+        let big = u128::from(u64::MAX) + 1;
+        let a = fingerprint(&(big,)).unwrap();
+        let b = fingerprint(&(big + 1,)).unwrap();
+        assert_ne!(a, b, "values past 2^64 are told apart");
+        assert_eq!(
+            fingerprint(&7u8).unwrap(),
+            fingerprint(&7i128).unwrap(),
+            "a widened type keeps its fingerprint"
+        );
+        assert!(fingerprint(&i128::MIN).is_ok());
+    }
+
+    #[test]
+    fn tuples_keep_their_order() {
+        assert_ne!(fingerprint(&(1, 2)).unwrap(), fingerprint(&(2, 1)).unwrap());
+        assert_ne!(fingerprint(&[1, 2]).unwrap(), fingerprint(&[2, 1]).unwrap());
     }
 }

@@ -19,10 +19,16 @@
 //! (`Arc<dyn IdempotencyStore>`), which native async trait methods are not;
 //! `sha2` computes payload fingerprints; `tokio` provides the task-local context and the
 //! timers of the heartbeat and of `wait`; `quick_cache` (feature `cache`) is the bounded
-//! concurrent cache behind `CachedStore`, chosen for reads that do no housekeeping.
+//! concurrent cache behind `CachedStore`, chosen for reads that do no housekeeping;
+//! `serde-content` gives serde's data model as a value (it keeps `Some(None)` apart
+//! from `None`, 128-bit integers, tuples and structs), which the payload fingerprint
+//! and the replay check (a replay equals the first answer) compare; serde_json is built
+//! with `float_roundtrip` so a replayed float has the first answer's exact bits.
 
+mod bounds;
 #[cfg(feature = "cache")]
 mod cache;
+mod call;
 mod claim;
 mod clock;
 mod context;
@@ -30,17 +36,18 @@ mod default_store;
 mod error;
 mod executor;
 mod fingerprint;
-mod heartbeat;
 mod key;
 mod memory;
 mod policy;
 mod record;
+mod replay;
 mod store;
 pub mod sweeper;
 
 #[doc(hidden)]
 pub mod __private;
 
+pub use bounds::{duration_problem, MAX_DURATION};
 #[cfg(feature = "cache")]
 pub use cache::CachedStore;
 pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
@@ -48,12 +55,12 @@ pub use clock::now;
 pub use context::{context, Context};
 pub use default_store::{install, installed, SharedStore};
 pub use error::{Error, StoreError};
-pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL};
+pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
 pub use fingerprint::fingerprint;
 pub use key::{biz_problem, key_problem, MAX_BIZ_CHARS, MAX_KEY_BYTES};
 pub use memory::MemoryStore;
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
-pub use store::IdempotencyStore;
+pub use store::{IdempotencyStore, OwnedStore};
 #[cfg(feature = "sweeper")]
 pub use sweeper::Sweeper;

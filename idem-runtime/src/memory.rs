@@ -1,7 +1,7 @@
 //! A store in process memory.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -21,9 +21,11 @@ type Shelves = HashMap<String, HashMap<String, Record>>;
 /// follows the same rules as the database stores, so it serves single-process services,
 /// tests and benchmarks. Records are lost when the process ends; use a database store
 /// where retries may reach another process or outlive a restart.
-#[derive(Debug, Default)]
+///
+/// Cloning it is cheap: a clone is another handle on the same records.
+#[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    shelves: Mutex<Shelves>,
+    shelves: Arc<Mutex<Shelves>>,
 }
 
 impl MemoryStore {

@@ -99,3 +99,21 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         (**self).purge_expired(now, limit).await
     }
 }
+
+/// A store that can hand out an owned, shareable handle of itself.
+///
+/// A body that has finished must have its outcome recorded even when its caller is
+/// dropped meanwhile (a client disconnect, a `timeout`): the write then goes on in a
+/// task of its own, which needs a store it owns. Every `Clone` store is one — the SQL
+/// stores are handles on a pool, `MemoryStore` and `CachedStore` share their state —
+/// and so is `Arc<dyn IdempotencyStore>`. The handle is only made on that rare path.
+pub trait OwnedStore: IdempotencyStore {
+    /// An owned handle on the same records.
+    fn to_owned_store(&self) -> Arc<dyn IdempotencyStore>;
+}
+
+impl<S: IdempotencyStore + Clone> OwnedStore for S {
+    fn to_owned_store(&self) -> Arc<dyn IdempotencyStore> {
+        Arc::new(self.clone())
+    }
+}

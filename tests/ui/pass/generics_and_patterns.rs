@@ -6,7 +6,7 @@ use serde::{de::DeserializeOwned, Serialize};
 #[idempotent(key = format!("{}-{}", a, b), biz = "pass.generic", store = store, payload = (a, b))]
 async fn generic<S, T>(store: &S, (a, b): (u32, u32), value: T, label: impl Display + Send) -> Result<T, idem::Error>
 where
-    S: IdempotencyStore,
+    S: IdempotencyStore + Clone,
     T: Serialize + DeserializeOwned + Send,
 {
     let _ = label.to_string();

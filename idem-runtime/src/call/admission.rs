@@ -1,0 +1,117 @@
+//! Admission: claim the key, or answer from the record that stands in the way, or wait
+//! for it to finish.
+//!
+//! Waiting reads the record; it never writes. A claim is sent again only when the read
+//! shows the key free (released, expired, or a lapsed lease), so waiters do not contend
+//! with the holder's writes. `wait` bounds the whole wait, reads included.
+
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+
+use super::Call;
+use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, Lease};
+use crate::clock;
+use crate::error::Error;
+use crate::policy::Mode;
+use crate::record::{Record, Status};
+use crate::replay::decode;
+
+/// Reading a `Processing` record while waiting: first and longest pause.
+const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
+const WAIT_LONGEST_POLL: Duration = Duration::from_millis(100);
+
+/// What admission came to, when it did not end the call with an error.
+pub(super) enum Admitted<T> {
+    /// The key is ours, with at least two thirds of the lease ahead.
+    Claimed(Lease),
+    /// A finished call's value, replayed.
+    Replayed(T),
+}
+
+/// What waiting on a record came to.
+enum Waited<T> {
+    /// The record finished: here is the answer.
+    Answered(Admitted<T>),
+    /// The key became free: claim again.
+    Free,
+}
+
+impl Call<'_> {
+    pub(super) async fn admit<T: DeserializeOwned>(&self, fingerprint: Option<&str>) -> Result<Admitted<T>, Error> {
+        let deadline = self.op.wait.map(|wait| Instant::now() + wait);
+        loop {
+            let claimed_at = Instant::now();
+            let claim = Claim::new(&self.op.biz, &self.key, clock::now(), self.op.lease, self.op.ttl)
+                .with_fingerprint(fingerprint)
+                .with_request_body(self.op.request_body());
+            let outcome = self
+                .store
+                .claim(&claim)
+                .await
+                .map_err(|e| self.store_error("claim", e))?;
+            let record = match outcome {
+                ClaimOutcome::Acquired(lease) => {
+                    if self.lease_ahead(&lease, claimed_at).await? {
+                        return Ok(Admitted::Claimed(lease));
+                    }
+                    // Taken over before the body started: nothing ran; claim again.
+                    continue;
+                }
+                ClaimOutcome::Existing(record) => record,
+            };
+            match self.wait_on(record, fingerprint, deadline).await? {
+                Waited::Answered(answer) => return Ok(answer),
+                Waited::Free => continue,
+            }
+        }
+    }
+
+    /// A live record stands in the way: answer from it, or read it until it finishes or
+    /// the key becomes free, within the deadline.
+    async fn wait_on<T: DeserializeOwned>(
+        &self,
+        mut record: Record,
+        fingerprint: Option<&str>,
+        deadline: Option<Instant>,
+    ) -> Result<Waited<T>, Error> {
+        let mut pause = WAIT_FIRST_POLL;
+        loop {
+            if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
+                return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+            }
+            if record.status != Status::Processing {
+                return self.answer_finished(record).map(Waited::Answered);
+            }
+            let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
+                return Err(self.error(|biz, key| Error::InProgress { biz, key }));
+            };
+            tokio::time::sleep(pause.min(deadline - Instant::now())).await;
+            pause = (pause * 2).min(WAIT_LONGEST_POLL);
+            let read = tokio::time::timeout_at(deadline.into(), self.store.get(&self.op.biz, &self.key)).await;
+            let now = clock::now();
+            record = match read {
+                Err(_elapsed) => return Err(self.error(|biz, key| Error::InProgress { biz, key })),
+                Ok(read) => match read.map_err(|e| self.store_error("get", e))? {
+                    Some(record) if !record.is_expired(now) && !record.lease_lapsed(now) => record,
+                    _ => return Ok(Waited::Free),
+                },
+            };
+        }
+    }
+
+    /// A finished record answers the duplicate.
+    fn answer_finished<T: DeserializeOwned>(&self, record: Record) -> Result<Admitted<T>, Error> {
+        match (record.status, self.op.mode) {
+            (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref())
+                .map(Admitted::Replayed)
+                .map_err(|source| self.error(|biz, key| Error::Decode { biz, key, source })),
+            (Status::Succeeded, Mode::Reject) => Err(self.error(|biz, key| Error::Duplicate { biz, key })),
+            _ => Err(self.error(|biz, key| Error::PreviousFailed {
+                biz,
+                key,
+                message: record.error_message.unwrap_or_default(),
+            })),
+        }
+    }
+}

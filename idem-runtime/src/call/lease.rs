@@ -1,0 +1,75 @@
+//! The body under its lease: a fresh lease before it starts, a heartbeat while it
+//! runs, and the signal to the body when the lease is lost.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use super::Call;
+use crate::claim::{FenceCheck, Lease};
+use crate::clock;
+use crate::context::LeaseSignal;
+use crate::error::Error;
+
+/// After a failed renewal, the next try comes after this share of the beat: the lease
+/// still has two beats to run, so a store blip costs several tries, not the lease.
+const RETRY_SHARE_OF_BEAT: u32 = 4;
+
+impl Call<'_> {
+    /// Whether the granted `lease` has at least two thirds of its length ahead. A claim
+    /// that waited (for a pool connection, a row lock) was granted a lease counted from
+    /// before it waited; past a third of it, the lease is renewed first, so the body
+    /// never starts on a lease another caller may take over within moments. `false`
+    /// when that renewal finds the key already taken over.
+    pub(super) async fn lease_ahead(&self, lease: &Lease, claimed_at: Instant) -> Result<bool, Error> {
+        if claimed_at.elapsed() <= self.op.lease / 3 {
+            return Ok(true);
+        }
+        match self.store.renew(lease, clock::now(), self.op.lease).await {
+            Ok(FenceCheck::Held) => Ok(true),
+            Ok(FenceCheck::Lost) => Ok(false),
+            Err(source) => Err(self.store_error("renew", source)),
+        }
+    }
+
+    /// Run `body` while renewing `lease` every third of its length.
+    ///
+    /// The renewals run inside the same future as the body, not in a spawned task: when
+    /// the caller drops the call mid-body (cancellation, timeout, panic), the heartbeat
+    /// goes with it and the lease lapses on its own, so a retry can take over. A renewal
+    /// that finds the key taken over tells the body through `signal`.
+    pub(super) async fn hold<F: Future>(&self, lease: &Lease, signal: &LeaseSignal, body: F) -> F::Output {
+        let lease_for = self.op.lease;
+        let renewals = async {
+            let beat = (lease_for / 3).max(Duration::from_millis(1));
+            let mut next = beat;
+            loop {
+                tokio::time::sleep(next).await;
+                match self.store.renew(lease, clock::now(), lease_for).await {
+                    Ok(FenceCheck::Held) => next = beat,
+                    Ok(FenceCheck::Lost) => {
+                        tracing::warn!(
+                            biz = %lease.biz, key = %lease.key, fence = lease.fence,
+                            "idempotency lease lost while the body runs: another call took the key over"
+                        );
+                        signal.lose();
+                        // Nothing left to renew; the body's final write will be fenced.
+                        std::future::pending::<()>().await;
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            biz = %lease.biz, key = %lease.key, fence = lease.fence, %error,
+                            "could not renew the idempotency lease; retrying soon"
+                        );
+                        next = (beat / RETRY_SHARE_OF_BEAT).max(Duration::from_millis(1));
+                    }
+                }
+            }
+        };
+        tokio::pin!(body);
+        tokio::select! {
+            biased;
+            output = &mut body => output,
+            () = renewals => unreachable!("the heartbeat loop never ends"),
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! One execution of an operation: admission (claim, or wait, or answer from the
+//! record), the body under its lease, and the recording of its outcome.
+
+mod admission;
+mod lease;
+mod outcome;
+
+use std::sync::Arc;
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::Serialize;
+
+use crate::context::{inside, Context, LeaseSignal};
+use crate::error::{Error, StoreError};
+use crate::executor::Idempotent;
+use crate::key::{biz_problem, key_problem};
+use crate::store::OwnedStore;
+
+use admission::Admitted;
+
+/// How the outcome of a body that returned `Err` is described in a `FAIL` record.
+pub(crate) type Describe<E> = fn(&E) -> String;
+
+/// The options, the store and the key of one execution.
+pub(crate) struct Call<'a> {
+    pub(crate) op: &'a Idempotent,
+    pub(crate) store: &'a dyn OwnedStore,
+    pub(crate) key: String,
+}
+
+impl Call<'_> {
+    /// Claim → execute → record, or answer from the record that stands in the way.
+    pub(crate) async fn run<T, E, F>(self, body: F, describe: Describe<E>) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: std::future::Future<Output = Result<T, E>>,
+    {
+        let fingerprint = self.check_input()?;
+        let lease = match self.admit(fingerprint).await? {
+            Admitted::Claimed(lease) => lease,
+            Admitted::Replayed(value) => return Ok(value),
+        };
+        let signal = Arc::new(LeaseSignal::default());
+        let context = Context::new(&lease, signal.clone());
+        let outcome = self.hold(&lease, &signal, context.scope(body)).await;
+        self.record(lease, outcome, describe).await
+    }
+
+    /// Step 1 of DESIGN §3, before anything touches the store: the options, the biz, the
+    /// key, the payload fingerprint, and a call for the key whose body is running here.
+    fn check_input(&self) -> Result<Option<&str>, Error> {
+        if let Some((option, reason)) = &self.op.invalid {
+            return Err(Error::InvalidOption {
+                biz: self.op.biz.to_string(),
+                option,
+                reason: reason.clone(),
+            });
+        }
+        if let Some(reason) = biz_problem(&self.op.biz) {
+            return Err(Error::InvalidBiz {
+                biz: self.op.biz.to_string(),
+                reason,
+            });
+        }
+        if let Some(reason) = key_problem(&self.key) {
+            return Err(self.error(|biz, key| Error::InvalidKey { biz, key, reason }));
+        }
+        if inside(&self.op.biz, &self.key) {
+            return Err(self.error(|biz, key| Error::Reentrant { biz, key }));
+        }
+        match &self.op.payload {
+            None => Ok(None),
+            Some(Ok(payload)) => Ok(Some(&payload.fingerprint)),
+            Some(Err(message)) => Err(self.error(|biz, key| Error::Encode {
+                biz,
+                key,
+                what: "payload",
+                source: serde_json::Error::custom(message),
+            })),
+        }
+    }
+
+    fn store_error(&self, operation: &'static str, source: StoreError) -> Error {
+        self.error(|biz, key| Error::Store {
+            biz,
+            key,
+            operation,
+            source,
+        })
+    }
+
+    fn error(&self, make: impl FnOnce(String, String) -> Error) -> Error {
+        make(self.op.biz.to_string(), self.key.clone())
+    }
+}

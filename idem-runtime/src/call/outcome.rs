@@ -1,0 +1,270 @@
+//! Recording the outcome of a finished body.
+//!
+//! Once the body has finished, its outcome must reach the store whatever happens to the
+//! caller: a record left `PROCESSING` lets a retry run the body again once the lease
+//! lapses. So the write is retried (renewing the lease between tries) for as long as
+//! the caller waits — half a lease — and then, or as soon as the caller's future is
+//! dropped, it goes on in a task of its own. A refused write is checked against the
+//! record: a write whose reply was lost may have committed, and then the outcome
+//! recorded is this call's own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{Call, Describe};
+use crate::claim::{FenceCheck, Lease};
+use crate::clock;
+use crate::error::{Error, StoreError};
+use crate::policy::OnError;
+use crate::record::{Record, Status};
+use crate::replay::encode;
+use crate::store::{IdempotencyStore, OwnedStore};
+
+/// Retrying the write of an outcome: first and longest pause.
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const LONGEST_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a write handed to its own task keeps trying (at least three leases): past
+/// it the store has refused the write for minutes, and the lease is let go.
+const DETACHED_LIMIT: Duration = Duration::from_secs(300);
+
+/// The outcome of a finished body, as the store records it.
+#[derive(Debug, Clone)]
+pub(crate) enum Verdict {
+    /// `SUCCESS` with the response's JSON.
+    Succeeded(String),
+    /// `FAIL` with a message.
+    Failed(String),
+    /// The record deleted, so that a retry runs the body again.
+    Released,
+}
+
+impl Verdict {
+    fn operation(&self) -> &'static str {
+        match self {
+            Verdict::Succeeded(_) => "complete",
+            Verdict::Failed(_) => "fail",
+            Verdict::Released => "release",
+        }
+    }
+
+    /// Whether `record` (read after a refused write) shows this verdict written under
+    /// `lease`: same life, same fence, finished as this verdict says.
+    fn recorded_in(&self, record: Option<&Record>, lease: &Lease) -> bool {
+        let ours = |status| {
+            record.is_some_and(|r| r.status == status && r.fence == lease.fence && r.created_at == lease.created_at)
+        };
+        match self {
+            Verdict::Succeeded(_) => ours(Status::Succeeded),
+            Verdict::Failed(_) => ours(Status::Failed),
+            // Gone, or a later life: the delete went through.
+            Verdict::Released => record.is_none_or(|r| r.created_at != lease.created_at),
+        }
+    }
+}
+
+/// How a write of an outcome ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// The verdict is in the record.
+    Recorded,
+    /// The key was taken over; the write changed nothing.
+    Lost,
+}
+
+/// The write of one outcome, owning all it needs to finish without its caller.
+#[derive(Debug)]
+struct OutcomeWrite {
+    lease: Lease,
+    verdict: Verdict,
+    lease_for: Duration,
+    ttl: Duration,
+    renewed_at: Instant,
+}
+
+impl OutcomeWrite {
+    /// Write until the store answers or `give_up` passes, renewing the lease between
+    /// tries so it cannot lapse while the store is failing the write alone.
+    async fn settle(&mut self, store: &dyn IdempotencyStore, give_up: Instant) -> Result<Settled, StoreError> {
+        let mut pause = FIRST_RETRY;
+        loop {
+            match self.write(store).await {
+                Ok(FenceCheck::Held) => return Ok(Settled::Recorded),
+                Ok(FenceCheck::Lost) => return Ok(self.after_refusal(store).await),
+                Err(error) if Instant::now() + pause < give_up => {
+                    tracing::warn!(
+                        %error, biz = %self.lease.biz, key = %self.lease.key, fence = self.lease.fence,
+                        operation = self.verdict.operation(), "could not record a finished call; retrying"
+                    );
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LONGEST_RETRY);
+                    if self.renewed_at.elapsed() >= self.lease_for / 3 {
+                        match store.renew(&self.lease, clock::now(), self.lease_for).await {
+                            Ok(FenceCheck::Held) => self.renewed_at = Instant::now(),
+                            Ok(FenceCheck::Lost) => return Ok(self.after_refusal(store).await),
+                            Err(_) => {}
+                        }
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    async fn write(&self, store: &dyn IdempotencyStore) -> Result<FenceCheck, StoreError> {
+        let lease = &self.lease;
+        match &self.verdict {
+            Verdict::Succeeded(json) => store.complete(lease, json, clock::now(), self.ttl).await,
+            Verdict::Failed(message) => store.fail(lease, message, clock::now(), self.ttl).await,
+            Verdict::Released => store.release(lease).await,
+        }
+    }
+
+    /// The record no longer carries this lease: either an earlier try committed and its
+    /// reply was lost, or the key was taken over.
+    async fn after_refusal(&self, store: &dyn IdempotencyStore) -> Settled {
+        match store.get(&self.lease.biz, &self.lease.key).await {
+            Ok(record) if self.verdict.recorded_in(record.as_ref(), &self.lease) => Settled::Recorded,
+            _ => Settled::Lost,
+        }
+    }
+}
+
+/// A write in progress; dropped before it settles (the caller went away, or gave up
+/// waiting), it hands the write to a task of its own.
+struct Recording<'a> {
+    store: &'a dyn OwnedStore,
+    write: Option<OutcomeWrite>,
+}
+
+impl Recording<'_> {
+    async fn settle(&mut self, give_up: Instant) -> Result<Settled, StoreError> {
+        let write = self.write.as_mut().expect("a recording settles once");
+        let settled = write.settle(self.store, give_up).await;
+        if settled.is_ok() {
+            self.write = None;
+        }
+        settled
+    }
+}
+
+impl Drop for Recording<'_> {
+    fn drop(&mut self) {
+        let Some(mut write) = self.write.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(
+                biz = %write.lease.biz, key = %write.lease.key,
+                "no tokio runtime to finish recording a finished call; a retry after the lease will run it again"
+            );
+            return;
+        };
+        let store: Arc<dyn IdempotencyStore> = self.store.to_owned_store();
+        runtime.spawn(async move {
+            let give_up = Instant::now() + DETACHED_LIMIT.max(write.lease_for * 3);
+            match write.settle(&*store, give_up).await {
+                Ok(Settled::Recorded) => tracing::debug!(
+                    biz = %write.lease.biz, key = %write.lease.key, "recorded a finished call after its caller left"
+                ),
+                Ok(Settled::Lost) => tracing::warn!(
+                    biz = %write.lease.biz, key = %write.lease.key, fence = write.lease.fence,
+                    "a finished call's outcome was refused: the key was taken over"
+                ),
+                Err(error) => tracing::error!(
+                    %error, biz = %write.lease.biz, key = %write.lease.key,
+                    "gave up recording a finished call; a retry after the lease will run it again"
+                ),
+            }
+        });
+    }
+}
+
+impl Call<'_> {
+    /// Step 4 of DESIGN §3: record the outcome, then hand the caller its result. An `Ok`
+    /// value that would not replay equal is recorded `FAIL` (the body ran; it must not
+    /// run again) and the caller gets [`Error::Encode`].
+    pub(super) async fn record<T, E>(&self, lease: Lease, outcome: Result<T, E>, describe: Describe<E>) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        match outcome {
+            Ok(value) => match encode(&value) {
+                Ok(json) => match self.settle(lease.clone(), Verdict::Succeeded(json)).await? {
+                    Settled::Recorded => Ok(value),
+                    Settled::Lost => {
+                        let error = self.lease_lost(&lease, "complete");
+                        tracing::warn!(%error, "idempotent call finished after losing its claim");
+                        Err(error.into())
+                    }
+                },
+                Err(source) => {
+                    let message = format!("the response could not be recorded: {source}");
+                    self.settle_after_failure(lease, Verdict::Failed(message)).await;
+                    Err(self
+                        .error(|biz, key| Error::Encode {
+                            biz,
+                            key,
+                            what: "response",
+                            source,
+                        })
+                        .into())
+                }
+            },
+            Err(error) => {
+                let verdict = match self.op.on_error {
+                    OnError::Release => Verdict::Released,
+                    OnError::Record => Verdict::Failed(describe(&error)),
+                };
+                self.settle_after_failure(lease, verdict).await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn settle(&self, lease: Lease, verdict: Verdict) -> Result<Settled, Error> {
+        let operation = verdict.operation();
+        let mut recording = Recording {
+            store: self.store,
+            write: Some(OutcomeWrite {
+                lease,
+                verdict,
+                lease_for: self.op.lease,
+                ttl: self.op.ttl,
+                // Unknown when the heartbeat last renewed: renew at the first retry.
+                renewed_at: Instant::now().checked_sub(self.op.lease).unwrap_or_else(Instant::now),
+            }),
+        };
+        // The caller waits half a lease; the write goes on without it after that.
+        let give_up = Instant::now() + self.op.lease / 2;
+        recording
+            .settle(give_up)
+            .await
+            .map_err(|source| self.store_error(operation, source))
+    }
+
+    /// The body failed: the caller gets its own error whatever happens here; what went
+    /// wrong with the record is logged.
+    async fn settle_after_failure(&self, lease: Lease, verdict: Verdict) {
+        let operation = verdict.operation();
+        match self.settle(lease.clone(), verdict).await {
+            Ok(Settled::Recorded) => {}
+            Ok(Settled::Lost) => {
+                let error = self.lease_lost(&lease, operation);
+                tracing::warn!(%error, "idempotent call failed after losing its claim");
+            }
+            Err(error) => tracing::warn!(%error, "could not yet record the outcome of a failed idempotent call"),
+        }
+    }
+
+    fn lease_lost(&self, lease: &Lease, operation: &'static str) -> Error {
+        self.error(|biz, key| Error::LeaseLost {
+            biz,
+            key,
+            fence: lease.fence,
+            operation,
+        })
+    }
+}

@@ -1,0 +1,79 @@
+//! The stored response, and the rule that a replay equals the first answer.
+//!
+//! A response is kept as JSON. Not every value survives JSON: a NaN or an infinity is
+//! written as `null`; `Some(None)` of an `Option<Option<T>>` reads back as `None`; an
+//! `untagged` enum may read back as another variant. So before a response is recorded
+//! it is read back into its type and compared with the original through serde's data
+//! model (`serde-content`, which tells `Some(None)` from `None` and compares floats
+//! exactly). A value that would not replay equal is refused: the caller gets
+//! `Error::Encode` and nothing is recorded as `SUCCESS`. Floats themselves round-trip
+//! exactly: serde_json is built with `float_roundtrip`.
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::Serialize;
+
+/// The JSON of `value`, once it is known to read back as the same value.
+pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
+    let json = serde_json::to_string(value)?;
+    let again: T = serde_json::from_str(&json)
+        .map_err(|e| serde_json::Error::custom(format!("the response would not read back from `{json}`: {e}")))?;
+    let model = |v: &T| serde_content::Serializer::new().human_readable().serialize(v);
+    match (model(value), model(&again)) {
+        (Ok(first), Ok(replayed)) if first == replayed => Ok(json),
+        (Ok(first), Ok(replayed)) => Err(serde_json::Error::custom(format!(
+            "the response would replay as a different value: {first:?} is stored as `{json}`, \
+             which reads back as {replayed:?} (NaN, infinities, `Some(None)` and some untagged \
+             enums cannot be told apart in JSON)"
+        ))),
+        (Err(e), _) | (_, Err(e)) => Err(serde_json::Error::custom(format!(
+            "the response could not be compared with its replay: {e}"
+        ))),
+    }
+}
+
+/// The value of a stored response.
+pub(crate) fn decode<T: DeserializeOwned>(response: Option<&str>) -> Result<T, serde_json::Error> {
+    match response {
+        Some(json) => serde_json::from_str(json),
+        None => Err(serde_json::Error::custom("the SUCCESS record has no response_body")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[test]
+    fn values_that_replay_equal_are_encoded() {
+        assert_eq!(encode(&Some(Some(3u8))).unwrap(), "3");
+        assert_eq!(encode(&0.1f64).unwrap(), "0.1");
+        assert_eq!(encode(&(u128::MAX,)).unwrap(), format!("[{}]", u128::MAX));
+        let x = 0.30000000000000004f64;
+        let back: f64 = decode(Some(&encode(&x).unwrap())).unwrap();
+        assert_eq!(back.to_bits(), x.to_bits());
+    }
+
+    #[test]
+    fn values_that_would_replay_differently_are_refused() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let error = encode(&bad).unwrap_err().to_string();
+            assert!(error.contains("would not read back"), "{error}");
+            let error = encode(&Some(bad)).unwrap_err().to_string();
+            assert!(error.contains("different value"), "{error}");
+        }
+        let error = encode(&Some(None::<u8>)).unwrap_err().to_string();
+        assert!(error.contains("different value"), "{error}");
+
+        #[derive(Debug, Serialize, Deserialize)]
+        #[serde(untagged)]
+        enum Reply {
+            Short { id: u32 },
+            Long { id: u32, note: Option<String> },
+        }
+        assert!(encode(&Reply::Short { id: 1 }).is_ok());
+        let error = encode(&Reply::Long { id: 1, note: None }).unwrap_err().to_string();
+        assert!(error.contains("different value"), "{error}");
+    }
+}
