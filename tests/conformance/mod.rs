@@ -9,6 +9,8 @@
 
 pub mod calls;
 pub mod database;
+pub mod faulty;
+pub mod injected;
 pub mod scenarios;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,7 +53,20 @@ pub fn server_url(var: &str, backend: &str) -> Option<String> {
 #[macro_export]
 macro_rules! conformance_suite {
     ($store:expr) => {
-        $crate::conformance_suite!(@tests $store;
+        $crate::conformance_suite!(@tests $store; injected;
+            outcome_is_recorded_after_the_caller_is_dropped,
+            failure_outcomes_are_retried,
+            late_claim_renews_before_the_body,
+            lost_reply_of_a_committed_complete_is_success,
+            replays_equal_the_first_answer,
+            equal_payloads_fingerprint_equal,
+            lost_lease_is_signalled_to_the_body,
+            waiting_reads_within_its_deadline,
+            reentrant_call_fails_at_once,
+            durations_are_bounded_by_what_stores_hold,
+            store_failures_while_holding_keep_the_key,
+        );
+        $crate::conformance_suite!(@tests $store; scenarios;
             first_call_runs_once_and_records_success,
             repeat_replays_without_running,
             reject_mode_refuses_duplicates,
@@ -81,13 +96,13 @@ macro_rules! conformance_suite {
             purge_deletes_only_expired_records_in_batches,
         );
     };
-    (@tests $store:expr; $($scenario:ident),* $(,)?) => {
+    (@tests $store:expr; $module:ident; $($scenario:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $scenario() {
                 let store: Option<std::sync::Arc<dyn idem::IdempotencyStore>> = $store.await;
                 if let Some(store) = store {
-                    $crate::conformance::scenarios::$scenario(&store).await;
+                    $crate::conformance::$module::$scenario(&store).await;
                 }
             }
         )*

@@ -1,0 +1,163 @@
+//! A store that injects faults into another: fail, delay, or commit-then-fail the next
+//! calls of one trait operation. It wraps the backend under test, so each fault is met
+//! by the real store (SQLite, PostgreSQL, MariaDB, memory) around it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use idem::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
+
+use super::calls::Store;
+
+/// A trait operation of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Claim,
+    Renew,
+    Complete,
+    Fail,
+    Release,
+    Get,
+    Purge,
+}
+
+/// What happens to a call that meets the fault.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Answer with an error; the inner store is not called.
+    Fail,
+    /// Wait, then call the inner store.
+    Delay(Duration),
+    /// Call the inner store (its write commits), then answer with an error, as a
+    /// connection lost before the reply would.
+    CommitThenFail,
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    /// Faults still to meet, per operation: (fault, calls left).
+    faults: HashMap<Op, Vec<(Fault, u32)>>,
+    calls: HashMap<Op, u32>,
+}
+
+/// The wrapper. Clones share the plan and the counts.
+#[derive(Debug, Clone)]
+pub struct FaultyStore {
+    inner: Store,
+    plan: Arc<Mutex<Plan>>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: &Store) -> Self {
+        Self {
+            inner: inner.clone(),
+            plan: Arc::default(),
+        }
+    }
+
+    /// The next `times` calls of `op` meet `fault`.
+    pub fn inject(&self, op: Op, fault: Fault, times: u32) -> &Self {
+        self.plan
+            .lock()
+            .unwrap()
+            .faults
+            .entry(op)
+            .or_default()
+            .push((fault, times));
+        self
+    }
+
+    /// No more faults.
+    pub fn heal(&self) {
+        self.plan.lock().unwrap().faults.clear();
+    }
+
+    /// How many calls of `op` reached this store (faulty or not).
+    pub fn calls(&self, op: Op) -> u32 {
+        self.plan.lock().unwrap().calls.get(&op).copied().unwrap_or(0)
+    }
+
+    /// As a shared store for the decorated functions.
+    pub fn shared(&self) -> Store {
+        Arc::new(self.clone())
+    }
+
+    fn next_fault(&self, op: Op) -> Option<Fault> {
+        let mut plan = self.plan.lock().unwrap();
+        *plan.calls.entry(op).or_default() += 1;
+        let queue = plan.faults.get_mut(&op)?;
+        let (fault, left) = queue.first_mut()?;
+        let fault = *fault;
+        *left -= 1;
+        if *left == 0 {
+            queue.remove(0);
+        }
+        Some(fault)
+    }
+
+    async fn call<T>(
+        &self,
+        op: Op,
+        inner: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let injected = || StoreError::new(format!("injected fault on {op:?}"));
+        match self.next_fault(op) {
+            None => inner.await,
+            Some(Fault::Fail) => Err(injected()),
+            Some(Fault::Delay(pause)) => {
+                tokio::time::sleep(pause).await;
+                inner.await
+            }
+            Some(Fault::CommitThenFail) => {
+                inner.await?;
+                Err(injected())
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for FaultyStore {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.call(Op::Claim, self.inner.claim(claim)).await
+    }
+
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+        self.call(Op::Renew, self.inner.renew(lease, now, lease_for)).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.call(Op::Complete, self.inner.complete(lease, response, now, ttl))
+            .await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.call(Op::Fail, self.inner.fail(lease, message, now, ttl)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.call(Op::Release, self.inner.release(lease)).await
+    }
+
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.call(Op::Get, self.inner.get(biz, key)).await
+    }
+
+    async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        self.call(Op::Purge, self.inner.purge_expired(now, limit)).await
+    }
+}
