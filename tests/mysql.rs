@@ -21,13 +21,15 @@ async fn open_dyn() -> Option<Store> {
     Some(Arc::new(open().await?))
 }
 
-async fn corrupt(key: String) {
+/// Edit a record by hand: `UPDATE idempotent_record SET {set}` on `key`.
+async fn edit(set: &'static str, key: String) {
     let store = open().await.unwrap();
-    idem::sqlx::query("UPDATE idempotent_record SET response_body = 'not json' WHERE idempotent_key = ?")
-        .bind(key)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    let sql = format!("UPDATE idempotent_record SET {set} WHERE idempotent_key = ?");
+    idem::sqlx::query(&sql).bind(key).execute(store.pool()).await.unwrap();
+}
+
+async fn corrupt(key: String) {
+    edit("response_body = 'not json'", key).await;
 }
 
 fn unreachable() -> Store {

@@ -20,13 +20,15 @@ async fn open_dyn() -> Option<Store> {
     Some(Arc::new(open().await?))
 }
 
-async fn corrupt(key: String) {
+/// Edit a record by hand: `UPDATE idempotent_record SET {set}` on `key`.
+async fn edit(set: &'static str, key: String) {
     let store = open().await.unwrap();
-    idem::sqlx::query("UPDATE idempotent_record SET response_body = '[1, 2' WHERE idempotent_key = $1")
-        .bind(key)
-        .execute(store.pool())
-        .await
-        .unwrap();
+    let sql = format!("UPDATE idempotent_record SET {set} WHERE idempotent_key = $1");
+    idem::sqlx::query(&sql).bind(key).execute(store.pool()).await.unwrap();
+}
+
+async fn corrupt(key: String) {
+    edit("response_body = '[1, 2'", key).await;
 }
 
 fn unreachable() -> Store {

@@ -25,14 +25,15 @@ async fn open_dyn() -> Option<Store> {
     Some(Arc::new(open().await?))
 }
 
+/// Edit a record by hand: `UPDATE idempotent_record SET {set}` on `key`.
+async fn edit(set: &'static str, key: String) {
+    let store = open().await.unwrap();
+    let sql = format!("UPDATE idempotent_record SET {set} WHERE idempotent_key = ?");
+    idem::sqlx::query(&sql).bind(key).execute(store.pool()).await.unwrap();
+}
+
 async fn corrupt(key: String) {
-    idem::sqlx::query(
-        "UPDATE idempotent_record SET response_body = '{\"charge_no\": \"one\"' WHERE idempotent_key = ?",
-    )
-    .bind(key)
-    .execute(open().await.unwrap().pool())
-    .await
-    .unwrap();
+    edit("response_body = '{\"charge_no\": \"one\"'", key).await;
 }
 
 fn unreachable() -> Store {

@@ -168,3 +168,32 @@ impl IdempotencyStore for MemoryStore {
 pub(crate) fn purgeable(record: &Record, now: SystemTime) -> bool {
     record.is_expired(now) && (record.status != Status::Processing || record.lease_lapsed(now))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row the purge guard is for: expired, yet `Processing` under a running lease.
+    /// The executor never leaves one (a claim's expiry is never before its lease ends), so
+    /// it is written here by hand.
+    #[tokio::test]
+    async fn purge_never_deletes_a_running_claim() {
+        let store = MemoryStore::new();
+        let now = crate::clock::now();
+        let hour = Duration::from_secs(3600);
+        for (key, lease_until) in [("running", now + hour), ("lapsed", now - hour)] {
+            let claim = Claim::new("purge", key, now - 2 * hour, hour, hour);
+            let mut record = claim.granted(None);
+            record.lease_until = Some(lease_until);
+            record.expires_at = now - hour;
+            store
+                .lock()
+                .entry("purge".into())
+                .or_default()
+                .insert(key.into(), record);
+        }
+        assert_eq!(store.purge_expired(now, 100).await.unwrap(), 1);
+        assert!(store.get("purge", "running").await.unwrap().is_some());
+        assert!(store.get("purge", "lapsed").await.unwrap().is_none());
+    }
+}

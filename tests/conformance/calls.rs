@@ -65,6 +65,14 @@ pub async fn pay_waiting(store: &Store, key: &str, runs: &Runs, delay: Duration)
     })
 }
 
+#[idempotent(key = key, biz = "conformance.pay", store = store, wait = "200ms")]
+pub async fn pay_waiting_briefly(store: &Store, key: &str, runs: &Runs) -> Result<Receipt, AppError> {
+    Ok(Receipt {
+        charge_no: runs.hit(),
+        cents: 199,
+    })
+}
+
 #[idempotent(key = key, biz = "conformance.pay", store = store)]
 pub async fn pay(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
     tokio::time::sleep(delay).await;

@@ -128,3 +128,66 @@ pub async fn stuck_and_failed(store: &Store) -> (String, String) {
     assert!(flaky_record(store, &failed, &runs, true).await.is_err());
     (stuck, failed)
 }
+
+/// Claim `key` of `biz` at `at` (a lease of `lease`, kept `ttl`), which must be granted.
+async fn granted(store: &Store, biz: &str, key: &str, at: std::time::SystemTime, lease: Duration, ttl: Duration) {
+    let claim = Claim::new(biz, key, at, lease, ttl);
+    assert!(matches!(store.claim(&claim).await.unwrap(), ClaimOutcome::Acquired(_)));
+}
+
+/// SCENARIOS 25, with the row the purge guard is for: expired, yet PROCESSING under a
+/// lease that still runs (written by hand — the executor never leaves one).
+pub async fn purge_never_deletes_a_running_claim<F, Fut>(store: &Store, edit: F)
+where
+    F: Fn(&'static str, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let biz = unique("purge-guard");
+    let now = idem::now();
+    let hour = Duration::from_secs(3600);
+    granted(store, &biz, "running", now, hour, hour).await;
+    edit("expires_at = created_at", "running".to_owned()).await;
+    granted(store, &biz, "lapsed", now - 3 * hour, hour, Duration::from_secs(1)).await;
+    let record = store.get(&biz, "running").await.unwrap().unwrap();
+    assert!(record.is_expired(now) && !record.lease_lapsed(now), "{record:?}");
+    while store.purge_expired(now, 1000).await.unwrap() > 0 {}
+    assert_eq!(
+        store.get(&biz, "lapsed").await.unwrap(),
+        None,
+        "an expired, lapsed claim goes"
+    );
+    assert_eq!(
+        store.get(&biz, "running").await.unwrap().map(|record| record.status),
+        Some(Status::Processing),
+        "a claim whose lease still runs stays, expired or not"
+    );
+}
+
+/// SCENARIOS 12: a PROCESSING record whose lease is missing is never treated as free.
+pub async fn processing_without_a_lease_is_never_free<F, Fut>(store: &Store, edit: F)
+where
+    F: Fn(&'static str, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = unique("no-lease");
+    let hour = Duration::from_secs(3600);
+    granted(
+        store,
+        "conformance.pay",
+        &key,
+        idem::now() - hour,
+        Duration::from_secs(1),
+        2 * hour,
+    )
+    .await;
+    edit("lease_until = NULL", key.clone()).await;
+    let runs = Runs::default();
+    let error = pay(store, &key, &runs, Duration::ZERO).await.unwrap_err().idem();
+    assert!(matches!(error, Error::InProgress { .. }), "{error:?}");
+    let error = pay_waiting_briefly(store, &key, &runs).await.unwrap_err().idem();
+    assert!(
+        matches!(error, Error::InProgress { .. }),
+        "a waiter does not take it either: {error:?}"
+    );
+    assert_eq!(runs.count(), 0);
+}

@@ -111,8 +111,8 @@ macro_rules! conformance_suite {
 
 /// Generate the database-only tests. The calling file defines `open()` and
 /// `open_dyn()` (a new store on a new pool, concrete or shared; `None` when the
-/// server is not available), `corrupt(key)` (edit that record's `response_body` by
-/// hand) and `unreachable()` (a store whose server cannot be reached).
+/// server is not available), `edit(set, key)` (`UPDATE … SET {set}` on that record, by
+/// hand), `corrupt(key)` (its `response_body` made unreadable) and `unreachable()` (a store whose server cannot be reached).
 #[macro_export]
 macro_rules! database_suite {
     () => {
@@ -164,6 +164,20 @@ macro_rules! database_suite {
                 "the FAIL record is listed"
             );
             assert!(listed.iter().all(|record| record.status == idem::Status::Failed));
+        }
+
+        #[tokio::test]
+        async fn purge_never_deletes_a_running_claim() {
+            if let Some(store) = open_dyn().await {
+                $crate::conformance::database::purge_never_deletes_a_running_claim(&store, edit).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn processing_without_a_lease_is_never_free() {
+            if let Some(store) = open_dyn().await {
+                $crate::conformance::database::processing_without_a_lease_is_never_free(&store, edit).await;
+            }
         }
 
         #[tokio::test]

@@ -307,16 +307,20 @@ pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
 }
 
 /// Run `frozen` on its own thread and runtime, so that blocking it blocks its heartbeat
-/// too, as a paused process would.
+/// too, as a paused process would. The runtime is left running afterwards: a pool
+/// connection the frozen call opened is registered with it and stays in the shared pool.
 fn on_frozen_thread<T: Send + 'static>(
     call: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
 ) -> std::thread::JoinHandle<T> {
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
-        runtime.block_on(call())
+        let output = runtime.block_on(call());
+        std::mem::forget(runtime);
+        output
     })
 }
 
