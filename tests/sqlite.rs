@@ -58,7 +58,7 @@ async fn migrate_is_idempotent_and_table_names_are_checked() {
     let other = SqliteStore::new(store.pool().clone())
         .with_table_name("idem_other")
         .unwrap();
-    let error = other.check_columns().await.unwrap_err().to_string();
+    let error = other.check_table().await.unwrap_err().to_string();
     assert!(error.contains("idem_other") && error.contains("migrate()"), "{error}");
     other.migrate().await.unwrap();
     assert_eq!(other.table_name(), "idem_other");

@@ -31,6 +31,7 @@ mod claim;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod row;
+mod shape;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod statements;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -46,7 +47,7 @@ mod sqlite;
 
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;
-pub use open::{open, open_table};
+pub use open::{connect_table, open, open_table};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]

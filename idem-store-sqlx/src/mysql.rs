@@ -26,6 +26,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
 use crate::claim::Upserted;
 use crate::row::{driver_error, utc};
+use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, index_prefix, DEFAULT_TABLE};
@@ -37,6 +38,8 @@ pub struct MySqlStore {
     sql: Statements,
     upsert_sql: String,
     purge_sql: String,
+    /// Set once the table's shape was checked.
+    table_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
 }
 
 /// [`COLUMNS`] with the key columns converted to the connection's character set:
@@ -110,6 +113,7 @@ impl MySqlStore {
             sql,
             upsert_sql,
             purge_sql,
+            table_checked: std::sync::Arc::default(),
         }
     }
 
@@ -153,6 +157,118 @@ impl MySqlStore {
             .map(drop)
             .map_err(|e| driver_error("creating the idempotency table", e));
         self.verify_migration(created).await
+    }
+
+    /// What the statements need of each column on MySQL and MariaDB.
+    const NEEDS: &'static [Need] = &[
+        Need {
+            column: "biz_type",
+            what: EXACT_KEY,
+            fits: exact_key,
+        },
+        Need {
+            column: "idempotent_key",
+            what: EXACT_KEY,
+            fits: exact_key,
+        },
+        Need {
+            column: "status",
+            what: "VARCHAR(10) or longer",
+            fits: |c| text_of_at_least(c, 10),
+        },
+        Need {
+            column: "fence",
+            what: "BIGINT",
+            fits: |c| c.declared.starts_with("bigint"),
+        },
+        Need {
+            column: "fingerprint",
+            what: "VARCHAR(64) or longer",
+            fits: |c| text_of_at_least(c, 64),
+        },
+        Need {
+            column: "request_body",
+            what: "MEDIUMTEXT or LONGTEXT",
+            fits: |c| matches!(c.declared.as_str(), "mediumtext" | "longtext"),
+        },
+        Need {
+            column: "response_body",
+            what: "LONGTEXT",
+            fits: |c| c.declared == "longtext",
+        },
+        Need {
+            column: "error_message",
+            what: "TEXT, MEDIUMTEXT or LONGTEXT",
+            fits: |c| c.declared.ends_with("text"),
+        },
+        Need {
+            column: "lease_until",
+            what: DATETIME6,
+            fits: datetime6,
+        },
+        Need {
+            column: "created_at",
+            what: DATETIME6,
+            fits: datetime6,
+        },
+        Need {
+            column: "completed_at",
+            what: DATETIME6,
+            fits: datetime6,
+        },
+        Need {
+            column: "expires_at",
+            what: DATETIME6,
+            fits: datetime6,
+        },
+    ];
+
+    /// The table's columns and unique keys, from `information_schema`.
+    async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
+        let (schema, name) = split_table(&self.sql.table);
+        let failed = |e| driver_error("reading the idempotency table's shape", e);
+        // name, type, collation, nullable, default, extra
+        type ColumnRow = (String, String, Option<String>, String, Option<String>, String);
+        let rows: Vec<ColumnRow> = sqlx::query_as(
+            "SELECT CAST(COLUMN_NAME AS CHAR), CAST(COLUMN_TYPE AS CHAR), CAST(COLLATION_NAME AS CHAR), \
+               CAST(IS_NULLABLE AS CHAR), CAST(COLUMN_DEFAULT AS CHAR), CAST(EXTRA AS CHAR) \
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+             ORDER BY ORDINAL_POSITION",
+        )
+        .bind(schema)
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(failed)?;
+        let columns = rows
+            .into_iter()
+            .map(|(name, declared, collation, nullable, default, extra)| Column {
+                name,
+                declared: declared.to_ascii_lowercase(),
+                collation,
+                nullable: nullable == "YES",
+                has_default: default.is_some(),
+                auto_increment: extra.to_ascii_lowercase().contains("auto_increment"),
+            })
+            .collect();
+        let keys: Vec<(String,)> = sqlx::query_as(
+            "SELECT CAST(GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) AS CHAR) FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND NON_UNIQUE = 0 GROUP BY INDEX_NAME",
+        )
+        .bind(schema)
+        .bind(name)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(failed)?;
+        let keys = keys
+            .into_iter()
+            .map(|(columns,)| {
+                let columns: Vec<String> = columns.split(',').map(str::to_owned).collect();
+                let collations = vec![None; columns.len()];
+                UniqueKey { columns, collations }
+            })
+            .collect();
+        Ok((columns, keys))
     }
 
     fn stamp(at: SystemTime) -> NaiveDateTime {
@@ -203,3 +319,26 @@ impl MySqlStore {
 }
 
 impl_idempotency_store!(MySqlStore, sqlx::MySql, NaiveDateTime);
+
+const EXACT_KEY: &str =
+    "VARCHAR with a binary no-pad collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL), or VARBINARY";
+const DATETIME6: &str = "DATETIME(6) (microseconds: a holder's writes match its lease to the microsecond)";
+
+/// Keys compare byte for byte, trailing spaces included.
+fn exact_key(column: &Column) -> bool {
+    let no_pad_binary =
+        |collation: &str| collation.ends_with("_nopad_bin") || collation == "utf8mb4_0900_bin" || collation == "binary";
+    column.declared.starts_with("varbinary")
+        || (column.declared.starts_with("varchar") && column.collation.as_deref().is_some_and(no_pad_binary))
+}
+
+fn datetime6(column: &Column) -> bool {
+    column.declared == "datetime(6)"
+}
+
+fn text_of_at_least(column: &Column, chars: u64) -> bool {
+    let declared = column.declared.as_str();
+    declared.ends_with("text")
+        || ((declared.starts_with("varchar") || declared.starts_with("char"))
+            && length(declared).is_some_and(|n| n >= chars))
+}

@@ -14,18 +14,33 @@ pub async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
 
 /// [`open`] on the table `table` instead of `idempotent_record`.
 pub async fn open_table(url: &str, table: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    store_at(url, table, true).await
+}
+
+/// A store on the table `table` at `url`, without migrating it: for a table that an
+/// operator manages. Its shape is checked at the first claim
+/// ([`check_table`](crate::SqliteStore::check_table)).
+pub async fn connect_table(url: &str, table: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+    store_at(url, table, false).await
+}
+
+async fn store_at(url: &str, table: &str, migrate: bool) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
     let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
     match scheme {
         #[cfg(feature = "sqlite")]
         "sqlite" => {
             let store = crate::SqliteStore::connect(url).await?.with_table_name(table)?;
-            store.migrate().await?;
+            if migrate {
+                store.migrate().await?;
+            }
             Ok(Arc::new(store))
         }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
             let store = crate::PostgresStore::connect(url).await?.with_table_name(table)?;
-            store.migrate().await?;
+            if migrate {
+                store.migrate().await?;
+            }
             Ok(Arc::new(store))
         }
         #[cfg(feature = "mysql")]
@@ -33,7 +48,9 @@ pub async fn open_table(url: &str, table: &str) -> Result<Arc<dyn IdempotencySto
             let store = crate::MySqlStore::connect(&url.replacen("mariadb:", "mysql:", 1))
                 .await?
                 .with_table_name(table)?;
-            store.migrate().await?;
+            if migrate {
+                store.migrate().await?;
+            }
             Ok(Arc::new(store))
         }
         other => Err(StoreError::new(format!(

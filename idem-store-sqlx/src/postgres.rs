@@ -9,6 +9,7 @@ use sqlx::Row;
 
 use crate::claim::Upserted;
 use crate::row::{driver_error, granted_lease, record_from_row, utc};
+use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
@@ -24,6 +25,8 @@ pub struct PostgresStore {
     sql: Statements,
     upsert_sql: String,
     purge_sql: String,
+    /// Set once the table's shape was checked.
+    table_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl PostgresStore {
@@ -74,6 +77,7 @@ impl PostgresStore {
             sql,
             upsert_sql,
             purge_sql,
+            table_checked: std::sync::Arc::default(),
         }
     }
 
@@ -120,6 +124,122 @@ impl PostgresStore {
         tx.commit().await.map_err(failed)
     }
 
+    /// What the statements need of each column on PostgreSQL.
+    const NEEDS: &'static [Need] = &[
+        Need {
+            column: "biz_type",
+            what: EXACT_KEY,
+            fits: exact_key,
+        },
+        Need {
+            column: "idempotent_key",
+            what: EXACT_KEY,
+            fits: exact_key,
+        },
+        Need {
+            column: "status",
+            what: "VARCHAR(10) or longer, or TEXT",
+            fits: |c| text_of_at_least(c, 10),
+        },
+        Need {
+            column: "fence",
+            what: "BIGINT",
+            fits: |c| c.declared == "bigint",
+        },
+        Need {
+            column: "fingerprint",
+            what: "VARCHAR(64) or longer, or TEXT",
+            fits: |c| text_of_at_least(c, 64),
+        },
+        Need {
+            column: "request_body",
+            what: UNBOUNDED_TEXT,
+            fits: unbounded_text,
+        },
+        Need {
+            column: "response_body",
+            what: UNBOUNDED_TEXT,
+            fits: unbounded_text,
+        },
+        Need {
+            column: "error_message",
+            what: UNBOUNDED_TEXT,
+            fits: unbounded_text,
+        },
+        Need {
+            column: "lease_until",
+            what: TIMESTAMPTZ6,
+            fits: timestamptz6,
+        },
+        Need {
+            column: "created_at",
+            what: TIMESTAMPTZ6,
+            fits: timestamptz6,
+        },
+        Need {
+            column: "completed_at",
+            what: TIMESTAMPTZ6,
+            fits: timestamptz6,
+        },
+        Need {
+            column: "expires_at",
+            what: TIMESTAMPTZ6,
+            fits: timestamptz6,
+        },
+    ];
+
+    /// The table's columns and unique keys, from `pg_catalog`.
+    async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
+        let failed = |e| driver_error("reading the idempotency table's shape", e);
+        let rows: Vec<(String, String, Option<String>, bool, bool, bool)> = sqlx::query_as(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), co.collname::text, NOT a.attnotnull, \
+               a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '', COALESCE(co.collisdeterministic, TRUE) \
+             FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        )
+        .bind(&self.sql.table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(failed)?;
+        let columns = rows
+            .into_iter()
+            .map(
+                |(name, declared, collation, nullable, has_default, deterministic)| Column {
+                    name,
+                    declared,
+                    collation: collation.map(|c| {
+                        if deterministic {
+                            c
+                        } else {
+                            format!("{c} (nondeterministic)")
+                        }
+                    }),
+                    nullable,
+                    has_default,
+                    auto_increment: false,
+                },
+            )
+            .collect();
+        let keys: Vec<(Vec<String>,)> = sqlx::query_as(
+            "SELECT ARRAY(SELECT a.attname::text FROM unnest(i.indkey) AS k(n) \
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n) \
+             FROM pg_index i WHERE i.indrelid = to_regclass($1) AND i.indisunique \
+               AND i.indpred IS NULL AND i.indexprs IS NULL",
+        )
+        .bind(&self.sql.table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(failed)?;
+        let keys = keys
+            .into_iter()
+            .map(|(columns,)| UniqueKey {
+                collations: vec![None; columns.len()],
+                columns,
+            })
+            .collect();
+        Ok((columns, keys))
+    }
+
     fn stamp(at: SystemTime) -> DateTime<Utc> {
         utc(at)
     }
@@ -155,3 +275,33 @@ impl PostgresStore {
 }
 
 impl_idempotency_store!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
+
+const EXACT_KEY: &str =
+    "VARCHAR or TEXT with a deterministic collation (CHAR(n) ignores trailing spaces in comparisons)";
+const UNBOUNDED_TEXT: &str = "TEXT (or VARCHAR without a length)";
+const TIMESTAMPTZ6: &str = "TIMESTAMPTZ with microseconds (a holder's writes match its lease to the microsecond)";
+
+/// Keys compare byte for byte, trailing spaces included.
+fn exact_key(column: &Column) -> bool {
+    let text = column.declared == "text" || column.declared.starts_with("character varying");
+    text && !column
+        .collation
+        .as_deref()
+        .is_some_and(|c| c.contains("nondeterministic"))
+}
+
+fn unbounded_text(column: &Column) -> bool {
+    matches!(column.declared.as_str(), "text" | "character varying")
+}
+
+fn timestamptz6(column: &Column) -> bool {
+    matches!(
+        column.declared.as_str(),
+        "timestamp with time zone" | "timestamp(6) with time zone"
+    )
+}
+
+fn text_of_at_least(column: &Column, chars: u64) -> bool {
+    unbounded_text(column)
+        || (column.declared.starts_with("character") && length(&column.declared).is_some_and(|n| n >= chars))
+}

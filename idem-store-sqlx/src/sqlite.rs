@@ -8,6 +8,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::claim::Upserted;
 use crate::row::{driver_error, granted_lease, sqlite_text};
+use crate::shape::{split_table, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
@@ -25,6 +26,8 @@ pub struct SqliteStore {
     sql: Statements,
     upsert_sql: String,
     purge_sql: String,
+    /// Set once the table's shape was checked.
+    table_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl SqliteStore {
@@ -72,6 +75,7 @@ impl SqliteStore {
             sql,
             upsert_sql,
             purge_sql,
+            table_checked: std::sync::Arc::default(),
         }
     }
 
@@ -137,6 +141,122 @@ impl SqliteStore {
         }
     }
 
+    /// What the statements need of each column on SQLite.
+    const NEEDS: &'static [Need] = &[
+        Need {
+            column: "biz_type",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "idempotent_key",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "status",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "fence",
+            what: "INTEGER",
+            fits: |c| c.declared.to_ascii_uppercase().contains("INT"),
+        },
+        Need {
+            column: "fingerprint",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "request_body",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "response_body",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "error_message",
+            what: TEXT,
+            fits: text_affinity,
+        },
+        Need {
+            column: "lease_until",
+            what: INSTANT,
+            fits: instant,
+        },
+        Need {
+            column: "created_at",
+            what: INSTANT,
+            fits: instant,
+        },
+        Need {
+            column: "completed_at",
+            what: INSTANT,
+            fits: instant,
+        },
+        Need {
+            column: "expires_at",
+            what: INSTANT,
+            fits: instant,
+        },
+    ];
+
+    /// The table's columns and unique keys (with the collation each key column is
+    /// compared with), from SQLite's table-valued pragmas.
+    async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
+        let (schema, name) = split_table(&self.sql.table);
+        let schema = schema.unwrap_or("main");
+        let failed = |e| driver_error("reading the idempotency table's shape", e);
+        let rows: Vec<(String, String, bool, bool)> = sqlx::query_as(
+            "SELECT name, type, \"notnull\", dflt_value IS NOT NULL FROM pragma_table_info(?1, ?2) ORDER BY cid",
+        )
+        .bind(name)
+        .bind(schema)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(failed)?;
+        let columns = rows
+            .into_iter()
+            .map(|(name, declared, not_null, has_default)| Column {
+                name,
+                declared,
+                collation: None,
+                nullable: !not_null,
+                has_default,
+                auto_increment: false,
+            })
+            .collect();
+        let indexes: Vec<(String,)> =
+            sqlx::query_as("SELECT name FROM pragma_index_list(?1, ?2) WHERE \"unique\" = 1 AND partial = 0")
+                .bind(name)
+                .bind(schema)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(failed)?;
+        let mut keys = Vec::new();
+        for (index,) in indexes {
+            let parts: Vec<(Option<String>, Option<String>)> =
+                sqlx::query_as("SELECT name, coll FROM pragma_index_xinfo(?1, ?2) WHERE key = 1 ORDER BY seqno")
+                    .bind(&index)
+                    .bind(schema)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(failed)?;
+            keys.push(UniqueKey {
+                columns: parts
+                    .iter()
+                    .map(|(column, _)| column.clone().unwrap_or_default())
+                    .collect(),
+                collations: parts.into_iter().map(|(_, collation)| collation).collect(),
+            });
+        }
+        Ok((columns, keys))
+    }
+
     fn stamp(at: SystemTime) -> String {
         sqlite_text(at)
     }
@@ -169,6 +289,22 @@ impl SqliteStore {
 }
 
 impl_idempotency_store!(SqliteStore, sqlx::Sqlite, String);
+
+const TEXT: &str = "TEXT";
+const INSTANT: &str = "TEXT, DATETIME or TIMESTAMP (instants are stored as fixed-width UTC text)";
+
+/// SQLite's affinity rules: a declared type containing `INT` is an integer; one with
+/// `CHAR`, `CLOB` or `TEXT`, text.
+fn text_affinity(column: &Column) -> bool {
+    let declared = column.declared.to_ascii_uppercase();
+    !declared.contains("INT") && ["CHAR", "CLOB", "TEXT"].iter().any(|t| declared.contains(t))
+}
+
+/// Text, or a date type whose numeric affinity keeps the stored text as it is.
+fn instant(column: &Column) -> bool {
+    let declared = column.declared.to_ascii_uppercase();
+    text_affinity(column) || declared == "DATETIME" || declared == "TIMESTAMP"
+}
 
 fn is_busy(error: &sqlx::Error) -> bool {
     // SQLITE_BUSY (5) and SQLITE_LOCKED (6).

@@ -27,7 +27,6 @@ pub(crate) struct Statements {
     pub get: String,
     pub stuck: String,
     pub failed: String,
-    pub probe: String,
 }
 
 const HELD: &str = "biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = 'PROCESSING'";
@@ -67,7 +66,6 @@ impl Statements {
             failed: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > ? ORDER BY completed_at LIMIT ?"
             )),
-            probe: format!("SELECT {columns} FROM {table} WHERE 1 = 0"),
         }
     }
 }

@@ -18,6 +18,7 @@ macro_rules! impl_idempotency_store {
                 &self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<idem_runtime::ClaimOutcome, idem_runtime::StoreError> {
+                self.ensure_table().await?;
                 crate::claim::claim_or_read(claim, || self.upsert(claim), || self.get(claim.biz, claim.key)).await
             }
 
@@ -160,32 +161,36 @@ macro_rules! impl_idempotency_store {
                     .collect()
             }
 
-            /// Check that the table exists with every column idem reads and writes.
-            pub async fn check_columns(&self) -> Result<(), idem_runtime::StoreError> {
-                match sqlx::query(&self.sql.probe).fetch_optional(&self.pool).await {
-                    Ok(_) => Ok(()),
-                    Err(error) => Err(idem_runtime::StoreError::with_source(
-                        format!(
-                            "the table `{}` is missing or lacks a column idem needs ({}); run `migrate()` \
-                             or fix the schema: {error}",
-                            self.sql.table,
-                            crate::table::COLUMNS
-                        ),
-                        error,
-                    )),
-                }
+            /// Check that the table has the shape the statements rely on: every column
+            /// with a type that holds what idem writes (microsecond instants, exact keys),
+            /// a unique key on `(biz_type, idempotent_key)`, no column that would answer
+            /// the claim in its place. The error names the table, each column at fault,
+            /// what was found and what is needed. `migrate()` runs it, and so does the
+            /// first claim of a store that was never migrated.
+            pub async fn check_table(&self) -> Result<(), idem_runtime::StoreError> {
+                let (columns, keys) = self.read_shape().await?;
+                crate::shape::check(&self.sql.table, &columns, &keys, Self::NEEDS)
             }
 
-            /// Finish `migrate`: check the columns, and when creating failed because a
-            /// table of another shape was already there, say which columns it lacks.
+            /// The table was checked once in this store's life (at `migrate` or the
+            /// first claim).
+            async fn ensure_table(&self) -> Result<(), idem_runtime::StoreError> {
+                self.table_checked
+                    .get_or_try_init(|| self.check_table())
+                    .await
+                    .map(drop)
+            }
+
+            /// Finish `migrate`: check the table, and when creating failed because a
+            /// table of another shape was already there, say what is wrong with it.
             async fn verify_migration(
                 &self,
                 created: Result<(), idem_runtime::StoreError>,
             ) -> Result<(), idem_runtime::StoreError> {
-                let columns = self.check_columns().await;
+                let checked = self.ensure_table().await;
                 match created {
-                    Ok(()) => columns,
-                    Err(error) => Err(columns.err().unwrap_or(error)),
+                    Ok(()) => checked,
+                    Err(error) => Err(checked.err().unwrap_or(error)),
                 }
             }
 

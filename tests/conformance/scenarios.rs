@@ -608,3 +608,36 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
         "running claim kept"
     );
 }
+
+/// SCENARIOS 13 at the store: while the new holder still runs, every write of the
+/// holder it took over from (renew, complete, fail, release) is refused and changes
+/// nothing.
+pub async fn stale_lease_writes_nothing_while_the_new_holder_runs(store: &Store) {
+    use idem::{Claim, ClaimOutcome, FenceCheck};
+    let (biz, key) = (unique("stale-store"), unique("k"));
+    let now = idem::now();
+    let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+    let acquired = |outcome| match outcome {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    let stale = acquired(
+        store
+            .claim(&Claim::new(&biz, &key, now - hour, second, 2 * hour))
+            .await
+            .unwrap(),
+    );
+    let holder = acquired(store.claim(&Claim::new(&biz, &key, now, hour, 2 * hour)).await.unwrap());
+    assert_eq!(holder.fence, stale.fence + 1, "a takeover");
+    let before = record(store, &biz, &key).await.unwrap();
+    assert_eq!(store.renew(&stale, now, hour).await.unwrap(), FenceCheck::Lost);
+    assert_eq!(store.complete(&stale, "1", now, hour).await.unwrap(), FenceCheck::Lost);
+    assert_eq!(store.fail(&stale, "late", now, hour).await.unwrap(), FenceCheck::Lost);
+    assert_eq!(store.release(&stale).await.unwrap(), FenceCheck::Lost);
+    assert_eq!(
+        record(store, &biz, &key).await.unwrap(),
+        before,
+        "the new holder's record stands"
+    );
+    assert_eq!(store.complete(&holder, "2", now, hour).await.unwrap(), FenceCheck::Held);
+}
