@@ -190,6 +190,55 @@ async fn foreign_tables_are_refused(url: &str, db: &Effects) {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "no body ran");
 }
 
+/// Table names that are reserved words, or long enough that derived index names would
+/// overflow or collide, work; a SQLite `schema.table` is refused up front.
+async fn awkward_table_names(url: &str, db: &Effects) {
+    let quote = if url.starts_with("mysql") { '`' } else { '"' };
+    let long = |last: char| format!("{}{last}", "t".repeat(62));
+    let runs = AtomicU32::new(0);
+    for table in ["order".to_owned(), long('a'), long('b')] {
+        let store = idem::sqlx::open_table(url, &table)
+            .await
+            .unwrap_or_else(|e| panic!("{url} table {table}: {e}"));
+        assert_eq!(plain(&store, "k", &runs).await.unwrap(), runs.load(Ordering::SeqCst));
+        assert_eq!(
+            plain(&store, "k", &runs).await.unwrap(),
+            runs.load(Ordering::SeqCst),
+            "replayed"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "one body per table");
+    for table in ["order".to_owned(), long('a'), long('b')] {
+        db.execute(&format!("DROP TABLE {quote}{table}{quote}"), &[])
+            .await
+            .unwrap();
+    }
+    if url.starts_with("sqlite") {
+        let store = idem::SqliteStore::connect(url).await.unwrap();
+        let error = store.with_table_name("main.idem").unwrap_err().to_string();
+        assert!(error.contains("for SQLite"), "{error}");
+    }
+}
+
+/// A URL of the wrong kind, or a file that cannot be opened: the error names the URL
+/// (without its password).
+#[tokio::test]
+async fn connect_errors_name_the_url() {
+    let error = idem::SqliteStore::connect("postgres://idem:secret@127.0.0.1:1/idem")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("postgres://idem:***@127.0.0.1:1/idem") && !error.contains("secret"),
+        "{error}"
+    );
+    let error = idem::SqliteStore::connect("sqlite:///nonexistent-dir/idem.db")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("/nonexistent-dir/idem.db"), "{error}");
+}
+
 async fn biz_too_long(store: &Store) {
     let op = idem::Idempotent::new("b".repeat(65)).store(store.clone());
     let ran = AtomicU32::new(0);
@@ -216,6 +265,7 @@ async fn every_case(backend: &str) {
     ten_mib_response(&store).await;
     negative_fence_is_unreadable(&store, &db).await;
     foreign_tables_are_refused(&url, &db).await;
+    awkward_table_names(&url, &db).await;
     biz_too_long(&store).await;
 }
 

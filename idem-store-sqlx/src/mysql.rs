@@ -25,11 +25,11 @@ use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 
 use crate::claim::Upserted;
-use crate::row::{driver_error, utc};
+use crate::row::{driver_error, redacted, utc};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{checked_table_name, index_prefix, DEFAULT_TABLE};
+use crate::table::{checked_table_name, derived_name, quoted, DEFAULT_TABLE};
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
 #[derive(Debug, Clone)]
@@ -53,6 +53,11 @@ const GRANTED: &str = "(expires_at <= VALUES(created_at) OR (status = 'PROCESSIN
      AND lease_until <= VALUES(created_at) AND (fingerprint IS NULL OR VALUES(fingerprint) IS NULL \
      OR fingerprint = VALUES(fingerprint))))";
 
+/// After the other assignments, a grant by expiry of a record whose `lease_until` was
+/// NULL: the new life's `created_at` and `expires_at` are in place, the lease is not.
+const GRANTED_BY_EXPIRY_WITHOUT_LEASE: &str = "(lease_until IS NULL AND status = 'PROCESSING' \
+     AND created_at = VALUES(created_at) AND expires_at = VALUES(expires_at))";
+
 impl MySqlStore {
     /// A store on the application's own pool, using the table `idempotent_record`.
     pub fn new(pool: MySqlPool) -> Self {
@@ -64,7 +69,7 @@ impl MySqlStore {
         let pool = MySqlPoolOptions::new()
             .connect(url)
             .await
-            .map_err(|e| driver_error("connecting to MySQL", e))?;
+            .map_err(|e| driver_error(&format!("connecting to MySQL at `{}`", redacted(url)), e))?;
         Ok(Self::new(pool))
     }
 
@@ -73,8 +78,10 @@ impl MySqlStore {
         Ok(Self::build(self.pool, checked_table_name(name)?))
     }
 
-    fn build(pool: MySqlPool, table: String) -> Self {
+    fn build(pool: MySqlPool, name: String) -> Self {
+        let table = quoted(&name, '`');
         let sql = Statements::new(
+            &name,
             &table,
             &Flavor {
                 numbered: false,
@@ -86,7 +93,9 @@ impl MySqlStore {
         // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
         // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
         // holds as a lapsed PROCESSING lease: an expired record's lease ended before it
-        // expired) and last `lease_until`.
+        // expired) and last `lease_until`. A record that expired with no lease at all
+        // (written by hand) no longer meets the condition there; it is known by the new
+        // life its `created_at` and `expires_at` were just given.
         let upsert_sql = format!(
             "INSERT INTO {table} (biz_type, idempotent_key, status, fence, fingerprint, request_body, \
                lease_until, created_at, expires_at) \
@@ -102,7 +111,7 @@ impl MySqlStore {
                                 COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \
                status = IF({GRANTED}, 'PROCESSING', status), \
                expires_at = IF({GRANTED}, VALUES(expires_at), expires_at), \
-               lease_until = IF({GRANTED}, VALUES(lease_until), lease_until)"
+               lease_until = IF({GRANTED} OR {GRANTED_BY_EXPIRY_WITHOUT_LEASE}, VALUES(lease_until), lease_until)"
         );
         let purge_sql = format!(
             "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
@@ -130,7 +139,7 @@ impl MySqlStore {
         } else {
             "utf8mb4_0900_bin"
         };
-        let table = &self.sql.table;
+        let table = &self.sql.quoted;
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
                biz_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL, \
@@ -146,10 +155,11 @@ impl MySqlStore {
                completed_at DATETIME(6) NULL, \
                expires_at DATETIME(6) NOT NULL, \
                PRIMARY KEY (biz_type, idempotent_key), \
-               KEY {}_expires_at (expires_at), \
-               CONSTRAINT {0}_status CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
+               KEY {} (expires_at), \
+               CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
              ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
-            index_prefix(table)
+            quoted(&derived_name(&self.sql.table, "expires_at"), '`'),
+            quoted(&derived_name(&self.sql.table, "status"), '`'),
         );
         let created = sqlx::query(&create)
             .execute(&self.pool)

@@ -8,11 +8,11 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 
 use crate::claim::Upserted;
-use crate::row::{driver_error, granted_lease, record_from_row, utc};
+use crate::row::{driver_error, granted_lease, record_from_row, redacted, utc};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
+use crate::table::{checked_table_name, derived_name, quoted, COLUMNS, DEFAULT_TABLE};
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
@@ -40,7 +40,7 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .connect(url)
             .await
-            .map_err(|e| driver_error("connecting to PostgreSQL", e))?;
+            .map_err(|e| driver_error(&format!("connecting to PostgreSQL at `{}`", redacted(url)), e))?;
         Ok(Self::new(pool))
     }
 
@@ -49,13 +49,14 @@ impl PostgresStore {
         Ok(Self::build(self.pool, checked_table_name(name)?))
     }
 
-    fn build(pool: PgPool, table: String) -> Self {
+    fn build(pool: PgPool, name: String) -> Self {
+        let table = quoted(&name, '"');
         let flavor = Flavor {
             numbered: true,
             greatest: "GREATEST",
             columns: COLUMNS,
         };
-        let sql = Statements::new(&table, &flavor);
+        let sql = Statements::new(&name, &table, &flavor);
         let upsert_sql = upsert_on_conflict(&table, &flavor);
         let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
         let upsert_sql = format!(
@@ -90,11 +91,11 @@ impl PostgresStore {
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
-        let table = &self.sql.table;
+        let table = &self.sql.quoted;
         let failed = |e| driver_error("creating the idempotency table", e);
         let mut tx = self.pool.begin().await.map_err(failed)?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(table)
+            .bind(&self.sql.table)
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
@@ -115,8 +116,8 @@ impl PostgresStore {
                PRIMARY KEY (biz_type, idempotent_key))"
         );
         let index = format!(
-            "CREATE INDEX IF NOT EXISTS {}_expires_at ON {table} (expires_at)",
-            index_prefix(table)
+            "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
+            quoted(&derived_name(&self.sql.table, "expires_at"), '"')
         );
         for statement in [create, index] {
             sqlx::query(&statement).execute(&mut *tx).await.map_err(failed)?;
@@ -197,7 +198,7 @@ impl PostgresStore {
              FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         )
-        .bind(&self.sql.table)
+        .bind(&self.sql.quoted)
         .fetch_all(&self.pool)
         .await
         .map_err(failed)?;
@@ -226,7 +227,7 @@ impl PostgresStore {
              FROM pg_index i WHERE i.indrelid = to_regclass($1) AND i.indisunique \
                AND i.indpred IS NULL AND i.indexprs IS NULL",
         )
-        .bind(&self.sql.table)
+        .bind(&self.sql.quoted)
         .fetch_all(&self.pool)
         .await
         .map_err(failed)?;

@@ -7,11 +7,11 @@ use idem_runtime::{Claim, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::claim::Upserted;
-use crate::row::{driver_error, granted_lease, sqlite_text};
+use crate::row::{driver_error, granted_lease, redacted, sqlite_text};
 use crate::shape::{split_table, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{checked_table_name, index_prefix, COLUMNS, DEFAULT_TABLE};
+use crate::table::{checked_table_name, derived_name, quoted, COLUMNS, DEFAULT_TABLE};
 
 /// The oldest SQLite with `RETURNING` on an upsert.
 const MIN_VERSION: (u32, u32) = (3, 35);
@@ -42,29 +42,44 @@ impl SqliteStore {
     ///
     /// [`migrate`]: Self::migrate
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let shown = redacted(url);
+        if !url.starts_with("sqlite:") {
+            return Err(StoreError::new(format!(
+                "SqliteStore cannot connect to `{shown}`: give it a `sqlite://path` URL (idem::sqlx::open picks the \
+                 store by the URL's scheme)"
+            )));
+        }
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| driver_error("parsing the SQLite url", e))?
+            .map_err(|e| driver_error(&format!("parsing the SQLite URL `{shown}`"), e))?
             .create_if_missing(true)
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new()
             .connect_with(options)
             .await
-            .map_err(|e| driver_error("connecting to SQLite", e))?;
+            .map_err(|e| driver_error(&format!("opening the SQLite file of `{shown}`"), e))?;
         Ok(Self::new(pool))
     }
 
-    /// Use the table `name` instead (letters, digits and `_`).
+    /// Use the table `name` instead (letters, digits and `_`; a reserved word is
+    /// fine). An attached database's `schema.table` is refused: SQLite names the
+    /// schema on the index, not the table, and idem keeps one table in the main file.
     pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
+        if name.contains('.') {
+            return Err(StoreError::new(format!(
+                "invalid table name {name:?} for SQLite: use a table of the main database, without `schema.`"
+            )));
+        }
         Ok(Self::build(self.pool, checked_table_name(name)?))
     }
 
-    fn build(pool: SqlitePool, table: String) -> Self {
+    fn build(pool: SqlitePool, name: String) -> Self {
+        let table = quoted(&name, '"');
         let flavor = Flavor {
             numbered: false,
             greatest: "MAX",
             columns: COLUMNS,
         };
-        let sql = Statements::new(&table, &flavor);
+        let sql = Statements::new(&name, &table, &flavor);
         let upsert_sql = upsert_on_conflict(&table, &flavor);
         let purge_sql = format!(
             "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
@@ -95,7 +110,7 @@ impl SqliteStore {
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
-        let table = &self.sql.table;
+        let table = &self.sql.quoted;
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
                biz_type TEXT NOT NULL, \
@@ -113,8 +128,8 @@ impl SqliteStore {
                PRIMARY KEY (biz_type, idempotent_key))"
         );
         let index = format!(
-            "CREATE INDEX IF NOT EXISTS {}_expires_at ON {table} (expires_at)",
-            index_prefix(table)
+            "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
+            quoted(&derived_name(&self.sql.table, "expires_at"), '"')
         );
         for statement in [create, index] {
             sqlx::query(&statement)
@@ -306,9 +321,14 @@ fn instant(column: &Column) -> bool {
     text_affinity(column) || declared == "DATETIME" || declared == "TIMESTAMP"
 }
 
+/// SQLITE_BUSY (5) and SQLITE_LOCKED (6), extended codes included (`SQLITE_BUSY_SNAPSHOT`
+/// is 517: the primary code is the low byte).
 fn is_busy(error: &sqlx::Error) -> bool {
-    // SQLITE_BUSY (5) and SQLITE_LOCKED (6).
-    matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("5" | "6")))
+    let code = match error {
+        sqlx::Error::Database(db) => db.code().and_then(|code| code.parse::<u32>().ok()),
+        _ => None,
+    };
+    matches!(code.map(|code| code & 0xff), Some(5 | 6))
 }
 
 /// Refuse a SQLite without `RETURNING` on upserts, naming the version found.
@@ -329,6 +349,48 @@ fn require_returning(version: &str) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::require_returning;
+
+    #[test]
+    fn extended_busy_codes_are_busy() {
+        use super::is_busy;
+        use sqlx::error::{DatabaseError, ErrorKind};
+
+        #[derive(Debug)]
+        struct Coded(&'static str);
+        impl std::fmt::Display for Coded {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "code {}", self.0)
+            }
+        }
+        impl std::error::Error for Coded {}
+        impl DatabaseError for Coded {
+            fn message(&self) -> &str {
+                "coded"
+            }
+            fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+                Some(self.0.into())
+            }
+            fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+                self
+            }
+            fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+                self
+            }
+            fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+                self
+            }
+            fn kind(&self) -> ErrorKind {
+                ErrorKind::Other
+            }
+        }
+        let busy = |code| is_busy(&sqlx::Error::Database(Box::new(Coded(code))));
+        for code in ["5", "6", "261", "517", "773", "262"] {
+            assert!(busy(code), "{code}");
+        }
+        for code in ["1", "19", "2067"] {
+            assert!(!busy(code), "{code}");
+        }
+    }
 
     #[test]
     fn refuses_sqlite_without_returning() {

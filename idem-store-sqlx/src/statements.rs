@@ -19,7 +19,10 @@ pub(crate) struct Flavor {
 /// Each placeholder appears once, in bind order, so one bind sequence fits them all.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
+    /// The table's name as given, for messages and catalog lookups.
     pub table: String,
+    /// The table's name quoted for the dialect, as every statement writes it.
+    pub quoted: String,
     pub renew: String,
     pub complete: String,
     pub fail: String,
@@ -32,7 +35,7 @@ pub(crate) struct Statements {
 const HELD: &str = "biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = 'PROCESSING'";
 
 impl Statements {
-    pub(crate) fn new(table: &str, flavor: &Flavor) -> Self {
+    pub(crate) fn new(name: &str, table: &str, flavor: &Flavor) -> Self {
         let sql = |text: String| {
             if flavor.numbered {
                 numbered(&text)
@@ -49,7 +52,8 @@ impl Statements {
             ))
         };
         Self {
-            table: table.to_owned(),
+            table: name.to_owned(),
+            quoted: table.to_owned(),
             renew: sql(format!(
                 "UPDATE {table} SET lease_until = ?, expires_at = {greatest}(expires_at, ?) WHERE {HELD}"
             )),
@@ -131,7 +135,7 @@ mod tests {
             greatest: "GREATEST",
             columns: COLUMNS,
         };
-        let statements = Statements::new("t", &flavor);
+        let statements = Statements::new("t", "t", &flavor);
         assert!(statements
             .renew
             .starts_with("UPDATE t SET lease_until = $1, expires_at = GREATEST(expires_at, $2)"));

@@ -29,14 +29,47 @@ pub(crate) fn checked_table_name(name: &str) -> Result<String, StoreError> {
     }
 }
 
-/// Prefix for index and lock names derived from the table name.
-pub(crate) fn index_prefix(table: &str) -> String {
-    table.replace('.', "_")
+/// `table` (or `schema.table`) quoted with the dialect's `quote` character, so that a
+/// name that is a reserved word (`order`) is still a name.
+pub(crate) fn quoted(table: &str, quote: char) -> String {
+    let parts: Vec<String> = table.split('.').map(|part| format!("{quote}{part}{quote}")).collect();
+    parts.join(".")
+}
+
+/// The name of an index or constraint of `table`, `{table}_{suffix}` (unquoted),
+/// kept within the 63 bytes PostgreSQL keeps and the 64 MySQL allows: a long table name
+/// is cut and a hash of the whole name added, so two long names never share it.
+pub(crate) fn derived_name(table: &str, suffix: &str) -> String {
+    let base = table.replace('.', "_");
+    let name = format!("{base}_{suffix}");
+    if name.len() <= 63 {
+        return name;
+    }
+    // FNV-1a: a stable hash, here only to tell cut names apart.
+    let hash = table
+        .bytes()
+        .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    let keep = 63 - suffix.len() - 10;
+    format!("{}_{hash:08x}_{suffix}", &base[..keep])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn derived_names_fit_and_stay_apart() {
+        assert_eq!(derived_name("billing.idem", "expires_at"), "billing_idem_expires_at");
+        let a = derived_name(&format!("{}a", "t".repeat(62)), "expires_at");
+        let b = derived_name(&format!("{}b", "t".repeat(62)), "expires_at");
+        assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+        assert_ne!(
+            a, b,
+            "names that agree on their first 63 bytes get different index names"
+        );
+        assert_eq!(quoted("order", '`'), "`order`");
+        assert_eq!(quoted("s.order", '"'), "\"s\".\"order\"");
+    }
 
     #[test]
     fn accepts_identifiers_and_refuses_injection() {

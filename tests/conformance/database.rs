@@ -191,3 +191,29 @@ where
     );
     assert_eq!(runs.count(), 0);
 }
+
+/// An expired PROCESSING record without a lease is claimed again like any expired
+/// record, and the new claim has a lease.
+pub async fn expired_claim_without_a_lease_is_claimed_with_one<F, Fut>(store: &Store, edit: F)
+where
+    F: Fn(&'static str, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let (biz, key) = (unique("expired-no-lease"), unique("k"));
+    let now = idem::now();
+    let hour = Duration::from_secs(3600);
+    granted(
+        store,
+        &biz,
+        &key,
+        now - 3 * hour,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    )
+    .await;
+    edit("lease_until = NULL", key.clone()).await;
+    granted(store, &biz, &key, now, Duration::from_secs(30), hour).await;
+    let record = store.get(&biz, &key).await.unwrap().unwrap();
+    assert_eq!(record.lease_until, Some(now + Duration::from_secs(30)), "{record:?}");
+    assert_eq!(record.created_at, now, "a new life");
+}

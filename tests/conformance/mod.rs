@@ -182,6 +182,13 @@ macro_rules! database_suite {
         }
 
         #[tokio::test]
+        async fn expired_claim_without_a_lease_is_claimed_with_one() {
+            if let Some(store) = open_dyn().await {
+                $crate::conformance::database::expired_claim_without_a_lease_is_claimed_with_one(&store, edit).await;
+            }
+        }
+
+        #[tokio::test]
         async fn unreachable_database_fails_closed() {
             $crate::conformance::database::unreachable_database_fails_closed(&unreachable()).await;
         }
