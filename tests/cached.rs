@@ -101,6 +101,7 @@ async fn cached_records_expire_with_their_ttl() {
     pay(&store, &key, 199, &runs).await.unwrap();
     pay(&store, &key, 199, &runs).await.unwrap();
     assert_eq!(store.cached(), 1);
+    let first = store.inner().get("cached", &key).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(pay(&store, &key, 199, &runs).await.unwrap(), 199);
     assert_eq!(
@@ -108,7 +109,9 @@ async fn cached_records_expire_with_their_ttl() {
         2,
         "after its ttl the key runs again, cache or not"
     );
-    assert_eq!(store.inner().get("cached", &key).await.unwrap().unwrap().fence, 2);
+    let record = store.inner().get("cached", &key).await.unwrap().unwrap();
+    assert_eq!(record.fence, first.fence + 1, "re-claimed after expiry: the next fence");
+    assert!(record.created_at > first.created_at, "in a new life");
 }
 
 #[tokio::test]

@@ -120,7 +120,9 @@ impl Model {
         let takeover = existing.filter(|_| !expired);
         let record = Expected {
             status: Status::Processing,
-            fence: existing.map_or(1, |r| r.fence + 1),
+            // A new record's fence is its claim's instant in microseconds: above every
+            // fence of the key's earlier lives.
+            fence: existing.map_or_else(|| micros(now), |r| r.fence + 1),
             fingerprint: fingerprint
                 .map(str::to_owned)
                 .or_else(|| takeover.and_then(|r| r.fingerprint.clone())),
@@ -357,4 +359,8 @@ fn postgres_store_agrees_with_the_model() {
 #[test]
 fn mysql_store_agrees_with_the_model() {
     check_sql("mysql");
+}
+
+fn micros(at: SystemTime) -> u64 {
+    at.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
 }

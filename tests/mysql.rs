@@ -54,10 +54,10 @@ async fn live_lease_conflict_is_refused_despite_found_rows() {
     let ClaimOutcome::Acquired(lease) = store.claim(&claim).await.unwrap() else {
         panic!("first claim")
     };
-    assert_eq!(lease.fence, 1);
+    assert_eq!(lease.fence, claim.first_fence());
     for _ in 0..3 {
         match store.claim(&claim).await.unwrap() {
-            ClaimOutcome::Existing(record) => assert_eq!(record.fence, 1),
+            ClaimOutcome::Existing(record) => assert_eq!(record.fence, lease.fence),
             other => panic!("a live lease was taken: {other:?}"),
         }
     }
@@ -73,7 +73,7 @@ async fn live_lease_conflict_is_refused_despite_found_rows() {
     };
     assert_eq!(
         (taken.fence, taken.created_at),
-        (2, lease.created_at),
+        (lease.fence + 1, lease.created_at),
         "a takeover keeps the record's life"
     );
 }

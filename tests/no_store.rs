@@ -27,5 +27,8 @@ async fn no_store_before_install_then_the_installed_store() {
     assert!(idem::install(store.clone()).is_none());
     assert_eq!(pay(1, &runs).await.unwrap(), 1);
     assert_eq!(pay(1, &runs).await.unwrap(), 1);
-    assert_eq!(store.get("install.pay", "1").await.unwrap().unwrap().fence, 1);
+    assert_eq!(
+        store.get("install.pay", "1").await.unwrap().unwrap().status,
+        idem::Status::Succeeded
+    );
 }

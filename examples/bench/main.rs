@@ -100,6 +100,7 @@ impl Floor {
         let now = idem::now();
         let (lease_until, expires) = (now + Duration::from_secs(30), now + Duration::from_secs(86_400));
         let no_text: Option<&str> = None;
+        let first_fence = i64::try_from(now.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap();
         match self {
             Floor::Sqlite(store) => {
                 let row = idem::sqlx::query(store.claim_sql())
@@ -110,6 +111,7 @@ impl Floor {
                     .bind(sqlite_text(lease_until))
                     .bind(sqlite_text(now))
                     .bind(sqlite_text(expires))
+                    .bind(first_fence)
                     .fetch_one(store.pool())
                     .await
                     .unwrap();
@@ -136,6 +138,7 @@ impl Floor {
                     .bind(utc(lease_until))
                     .bind(utc(now))
                     .bind(utc(expires))
+                    .bind(first_fence)
                     .fetch_one(store.pool())
                     .await
                     .unwrap();
@@ -163,6 +166,7 @@ impl Floor {
                     .bind(utc(lease_until).naive_utc())
                     .bind(utc(now).naive_utc())
                     .bind(utc(expires).naive_utc())
+                    .bind(first_fence)
                     .execute(store.pool())
                     .await
                     .unwrap();
@@ -174,7 +178,7 @@ impl Floor {
                     .bind(utc(expires).naive_utc())
                     .bind(biz)
                     .bind(key)
-                    .bind(1i64)
+                    .bind(first_fence)
                     .bind(utc(now).naive_utc())
                     .execute(store.pool())
                     .await

@@ -160,7 +160,7 @@ mod tests {
         let key_at = out.find("__private :: key (& (req . id))").unwrap();
         let body_at = out.find("Ok (req . amount)").unwrap();
         assert!(key_at < body_at);
-        assert!(out.contains("check_duration_ms (3600000u64)"));
+        assert!(out.contains("check_duration_ms (3600000u64 , \"`ttl` is out of range"));
         assert!(out.contains("Duration :: from_millis (3600000u64)"));
     }
 

@@ -59,6 +59,19 @@ impl<'a> Claim<'a> {
         self.now + self.lease
     }
 
+    /// The fence of a record this claim creates: the claim's instant in microseconds
+    /// since the epoch. A key purged and claimed again so starts above every fence of
+    /// its earlier lives (each takeover adds one, and lives are far more than that many
+    /// microseconds apart), so the fence a downstream service is handed never goes back.
+    pub fn first_fence(&self) -> u64 {
+        let micros = self
+            .now
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros();
+        u64::try_from(micros).unwrap_or(u64::MAX).max(1)
+    }
+
     /// Expiry of a record claimed now: `ttl` from now, and never before the lease ends.
     pub fn expires_at(&self) -> SystemTime {
         self.now + self.ttl.max(self.lease)
@@ -76,12 +89,13 @@ impl<'a> Claim<'a> {
         existing.lease_lapsed(self.now) && fingerprints_agree(existing.fingerprint.as_deref(), self.fingerprint)
     }
 
-    /// The record a granted claim leaves behind. A fresh record starts at fence 1; a
-    /// re-claim after expiry begins a new life (new `created_at`); a takeover keeps
-    /// the life and its `created_at`. Both increment the fence.
+    /// The record a granted claim leaves behind. A fresh record starts at
+    /// [`first_fence`](Self::first_fence); a re-claim after expiry begins a new life
+    /// (new `created_at`); a takeover keeps the life and its `created_at`. Both
+    /// increment the fence.
     pub fn granted(&self, existing: Option<&Record>) -> Record {
         let (fence, created_at, fingerprint) = match existing {
-            None => (1, self.now, self.fingerprint.map(str::to_owned)),
+            None => (self.first_fence(), self.now, self.fingerprint.map(str::to_owned)),
             Some(old) if old.is_expired(self.now) => (old.fence + 1, self.now, self.fingerprint.map(str::to_owned)),
             Some(old) => (
                 old.fence + 1,

@@ -8,7 +8,7 @@
 //!
 //! | rows affected | last insert id | meaning |
 //! |---|---|---|
-//! | 1 | 0 | inserted: fence 1 |
+//! | 1 | 0 | inserted: the claim's first fence |
 //! | 2 | n | taken over or re-claimed after expiry: fence n |
 //! | 0 or 1 | n ≥ 1 | refused: the record (fence n) stands |
 //!
@@ -97,9 +97,9 @@ impl MySqlStore {
         // (written by hand) no longer meets the condition there; it is known by the new
         // life its `created_at` and `expires_at` were just given.
         let upsert_sql = format!(
-            "INSERT INTO {table} (biz_type, idempotent_key, status, fence, fingerprint, request_body, \
-               lease_until, created_at, expires_at) \
-             VALUES (?, ?, 'PROCESSING', 1, ?, ?, ?, ?, ?) \
+            "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
+               lease_until, created_at, expires_at, fence) \
+             VALUES (?, ?, 'PROCESSING', ?, ?, ?, ?, ?, ?) \
              ON DUPLICATE KEY UPDATE \
                fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
                request_body = IF({GRANTED}, VALUES(request_body), request_body), \
@@ -298,7 +298,7 @@ impl MySqlStore {
             created_at,
         };
         match (done.rows_affected(), done.last_insert_id()) {
-            (1, 0) => Ok(Upserted::Granted(lease(1, utc(claim.now).into()))),
+            (1, 0) => Ok(Upserted::Granted(lease(claim.first_fence(), utc(claim.now).into()))),
             (2, fence) => {
                 // Granted on an existing row; a takeover kept the row's `created_at`.
                 use idem_runtime::IdempotencyStore;

@@ -77,11 +77,11 @@ impl Statements {
 /// The claim on PostgreSQL and SQLite: insert, or take over an expired record or a
 /// lapsed lease whose fingerprint agrees, in one statement; `RETURNING` says whether
 /// (and with which fence and life) it granted. Binds: biz, key, fingerprint, request
-/// body, lease end, now, expiry.
+/// body, lease end, now, expiry, first fence.
 pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
     let text = format!(
         "INSERT INTO {table} AS cur ({COLUMNS}) \
-         VALUES (?1, ?2, 'PROCESSING', 1, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7) \
+         VALUES (?1, ?2, 'PROCESSING', ?8, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7) \
          ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
            status = 'PROCESSING', \
            fence = cur.fence + 1, \

@@ -195,7 +195,7 @@ macro_rules! impl_idempotency_store {
             }
 
             /// The exact SQL of the claim, one statement. Binds, in order: biz, key,
-            /// fingerprint, request body, lease end, now, expiry. For operators and for
+            /// fingerprint, request body, lease end, now, expiry, first fence. For operators and for
             /// the benchmark that runs it by hand as the floor idem is held to.
             pub fn claim_sql(&self) -> &str {
                 &self.upsert_sql
@@ -222,7 +222,7 @@ macro_rules! impl_idempotency_store {
 }
 
 /// Bind a claim's values in the order every dialect's claim statement takes them:
-/// biz, key, fingerprint, request body, lease end, now, expiry.
+/// biz, key, fingerprint, request body, lease end, now, expiry, first fence.
 macro_rules! bind_claim {
     ($query:expr, $claim:expr, $stamp:path) => {
         $query
@@ -233,6 +233,7 @@ macro_rules! bind_claim {
             .bind($stamp($claim.lease_until()))
             .bind($stamp($claim.now))
             .bind($stamp($claim.expires_at()))
+            .bind(i64::try_from($claim.first_fence()).unwrap_or(i64::MAX))
     };
 }
 

@@ -27,6 +27,11 @@ pub fn unique(name: &str) -> String {
     )
 }
 
+/// The fence a record's life began with: its `created_at` in microseconds.
+pub fn first_fence(record: &idem::Record) -> u64 {
+    record.created_at.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
 /// The URL of a database server the tests may use, from `var`. Under CI (`CI` set) a
 /// missing URL fails the test; elsewhere the backend is skipped, and said so once on
 /// stderr (written past the test harness's capture).

@@ -24,6 +24,12 @@ async fn record(store: &Store, biz: &str, key: &str) -> Option<idem::Record> {
     store.get(biz, key).await.expect("the store answers get")
 }
 
+/// The fence the current life of `key` began with (its `created_at` in microseconds);
+/// each takeover within the life adds one.
+async fn life_fence(store: &Store, biz: &str, key: &str) -> u64 {
+    super::first_fence(&record(store, biz, key).await.expect("a record"))
+}
+
 pub async fn first_call_runs_once_and_records_success(store: &Store) {
     let key = unique("first");
     let runs = Runs::default();
@@ -37,7 +43,11 @@ pub async fn first_call_runs_once_and_records_success(store: &Store) {
     );
     let stored = record(store, "conformance.pay", &key).await.expect("a record");
     assert_eq!(stored.status, Status::Succeeded);
-    assert_eq!(stored.fence, 1);
+    assert_eq!(
+        stored.fence,
+        super::first_fence(&stored),
+        "a new key's fence is its claim's instant"
+    );
     assert_eq!(stored.response_body.as_deref(), Some(r#"{"charge_no":1,"cents":199}"#));
     assert!(stored.completed_at.is_some());
     assert!(stored.expires_at > stored.completed_at.unwrap() + Duration::from_secs(23 * 3600));
@@ -237,16 +247,17 @@ pub async fn on_error_record_answers_previous_failed(store: &Store) {
 pub async fn expired_record_runs_again(store: &Store) {
     let key = unique("ttl");
     let runs = Runs::default();
-    assert_eq!(short_lived(store, &key, &runs).await.unwrap(), (1, 1));
+    let first = short_lived(store, &key, &runs).await.unwrap();
+    assert_eq!(first, (1, life_fence(store, "conformance.short", &key).await));
     assert_eq!(
         short_lived(store, &key, &runs).await.unwrap(),
-        (1, 1),
+        first,
         "replayed within the ttl"
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(
         short_lived(store, &key, &runs).await.unwrap(),
-        (2, 2),
+        (2, first.1 + 1),
         "runs again after the ttl, fence + 1"
     );
 }
@@ -269,8 +280,8 @@ pub async fn cancelled_holder_is_taken_over_after_its_lease(store: &Store) {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
         leased(store, &key, &runs, NO_DELAY).await.unwrap(),
-        (1, 2),
-        "taken over with fence 2"
+        (1, life_fence(store, "conformance.lease", &key).await + 1),
+        "taken over with the next fence"
     );
 }
 
@@ -285,7 +296,8 @@ pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
     assert_eq!(stored.status, Status::Processing);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let runs = Runs::default();
-    assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 2));
+    let taken = leased(store, &key, &runs, NO_DELAY).await.unwrap();
+    assert_eq!(taken, (1, stored.fence + 1));
 }
 
 pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
@@ -302,7 +314,10 @@ pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
             "the heartbeat keeps the claim: {error:?}"
         );
     }
-    assert_eq!(first.await.unwrap().unwrap(), (1, 1));
+    assert_eq!(
+        first.await.unwrap().unwrap(),
+        (1, life_fence(store, "conformance.lease", &key).await)
+    );
     assert_eq!(runs.count(), 1);
 }
 
@@ -332,9 +347,10 @@ pub async fn stale_holder_cannot_complete_over_the_new_holder(store: &Store) {
     };
     tokio::time::sleep(Duration::from_millis(500)).await; // past the stale holder's lease
     let runs = Runs::default();
+    let first_fence = life_fence(store, "conformance.lease", &key).await;
     assert_eq!(
         leased(store, &key, &runs, NO_DELAY).await.unwrap(),
-        (1, 2),
+        (1, first_fence + 1),
         "taken over"
     );
     let stored = record(store, "conformance.lease", &key).await.unwrap();
@@ -344,7 +360,7 @@ pub async fn stale_holder_cannot_complete_over_the_new_holder(store: &Store) {
         .unwrap_err()
         .idem();
     assert!(
-        matches!(&error, Error::LeaseLost { fence: 1, operation: "complete", key: k, .. } if *k == key),
+        matches!(&error, Error::LeaseLost { fence, operation: "complete", key: k, .. } if *k == key && *fence == first_fence),
         "the stale holder is told: {error:?}"
     );
     assert_eq!(
@@ -372,7 +388,11 @@ pub async fn stale_holder_cannot_fail_or_release_the_new_record(store: &Store) {
         };
         tokio::time::sleep(Duration::from_millis(500)).await;
         let runs = Runs::default();
-        assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 2));
+        let first_fence = life_fence(store, "conformance.lease", &key).await;
+        assert_eq!(
+            leased(store, &key, &runs, NO_DELAY).await.unwrap(),
+            (1, first_fence + 1)
+        );
         let stored = record(store, "conformance.lease", &key).await.unwrap();
         let error = tokio::task::spawn_blocking(move || stale.join().unwrap())
             .await
@@ -495,7 +515,11 @@ pub async fn context_names_the_claim(store: &Store) {
     let (biz, seen_key, fence, sms) = notify(store, &key).await.unwrap();
     assert_eq!(
         (biz.as_str(), seen_key.as_str(), fence),
-        ("conformance.context", key.as_str(), 1)
+        (
+            "conformance.context",
+            key.as_str(),
+            life_fence(store, "conformance.context", &key).await
+        )
     );
     let life = record(store, "conformance.context", &key).await.unwrap().created_at;
     let life = life.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros();
@@ -506,9 +530,10 @@ pub async fn context_names_the_claim(store: &Store) {
 pub async fn success_is_never_taken_over_before_its_ttl(store: &Store) {
     let key = unique("no-takeover");
     let runs = Runs::default();
-    assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 1));
+    let first = leased(store, &key, &runs, NO_DELAY).await.unwrap();
+    assert_eq!(first, (1, life_fence(store, "conformance.lease", &key).await));
     tokio::time::sleep(Duration::from_millis(500)).await; // well past the 300 ms lease
-    assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), (1, 1));
+    assert_eq!(leased(store, &key, &runs, NO_DELAY).await.unwrap(), first);
     assert_eq!(runs.count(), 1);
 }
 
