@@ -211,3 +211,17 @@ pub async fn notify(store: &Store, key: &str) -> Result<(String, String, u64, St
         context.effect_key("sms"),
     ))
 }
+
+/// Reports the fence and the SMS effect key it ran under to `seen`, then sleeps.
+#[idempotent(key = key, biz = "conformance.effects", store = store, lease = "300ms", ttl = "1s")]
+pub async fn send_sms(
+    store: &Store,
+    key: &str,
+    seen: &std::sync::Mutex<Vec<(u64, String)>>,
+    delay: Duration,
+) -> Result<u64, AppError> {
+    let context = idem::context().expect("inside a call");
+    seen.lock().unwrap().push((context.fence(), context.effect_key("sms")));
+    tokio::time::sleep(delay).await;
+    Ok(context.fence())
+}

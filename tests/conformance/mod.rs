@@ -96,6 +96,7 @@ macro_rules! conformance_suite {
             typed_results_round_trip_exactly,
             two_functions_keep_their_own_options,
             context_names_the_claim,
+            effect_keys_and_fences_follow_the_life_of_a_key,
             success_is_never_taken_over_before_its_ttl,
             rejected_duplicate_deletes_nothing,
             undecodable_response_is_a_decode_error_and_kept,

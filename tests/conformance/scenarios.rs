@@ -666,3 +666,33 @@ pub async fn stale_lease_writes_nothing_while_the_new_holder_runs(store: &Store)
     );
     assert_eq!(store.complete(&holder, "2", now, hour).await.unwrap(), FenceCheck::Held);
 }
+
+/// The effect key is the same for a takeover within one life of the key and different
+/// in its next life; the fence only grows, across a purge too.
+pub async fn effect_keys_and_fences_follow_the_life_of_a_key(store: &Store) {
+    let key = unique("effects");
+    let seen = std::sync::Mutex::new(Vec::new());
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        send_sms(store, &key, &seen, Duration::from_secs(60)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the first call was cancelled mid-body");
+    tokio::time::sleep(Duration::from_millis(400)).await; // its lease lapses
+    send_sms(store, &key, &seen, NO_DELAY).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the record expires ...
+    while store.purge_expired(idem::now(), 1000).await.unwrap() > 0 {} // ... and is purged
+    assert_eq!(record(store, "conformance.effects", &key).await, None);
+    send_sms(store, &key, &seen, NO_DELAY).await.unwrap();
+    let seen = seen.into_inner().unwrap();
+    let [(first, first_sms), (taken, taken_sms), (next, next_sms)] = seen.as_slice() else {
+        panic!("three bodies ran: {seen:?}")
+    };
+    assert_eq!(*taken, first + 1, "a takeover is the next fence");
+    assert_eq!(
+        taken_sms, first_sms,
+        "and the same effect: a downstream dedup keeps one SMS"
+    );
+    assert!(next > taken, "after a purge the fence still grows: {next} > {taken}");
+    assert_ne!(next_sms, taken_sms, "a new life is a new effect");
+}
