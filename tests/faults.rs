@@ -35,6 +35,17 @@ async fn settle(
     Ok(key.to_owned())
 }
 
+/// A body that finishes while the server is down: claimed before the stop, it returns
+/// once `stopped` is set, so its `complete` meets the stopped server and is retried.
+#[idempotent(key = key, biz = "faults", store = store, lease = "60s")]
+async fn straddle(store: &Store, key: &str, stopped: &AtomicBool, runs: &AtomicUsize) -> Result<String, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    while !stopped.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(format!("{key}-done"))
+}
+
 /// Stop or start one server with the project's script.
 fn server(command: &str) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/start-databases");
@@ -83,6 +94,15 @@ fn outage(backend: &str, server_name: &str) {
         (store, Effects::open_waiting(&url, Duration::from_secs(1)).await)
     });
     let keys: Vec<String> = (0..160).map(|k| format!("{run}-{k}")).collect();
+    // Counts the store's answers (no fault is injected: the outage is the server's).
+    let counted = conformance::faulty::FaultyStore::new(&store);
+    let stopped = Arc::new(AtomicBool::new(false));
+    let straddle_runs = Arc::new(AtomicUsize::new(0));
+    let straddler = {
+        let (store, key) = (counted.shared(), format!("{run}-straddle"));
+        let (stopped, runs) = (stopped.clone(), straddle_runs.clone());
+        runtime.spawn(async move { straddle(&store, &key, &stopped, &runs).await })
+    };
 
     // Four steady streams of calls (so that one of them is always between bodies),
     // while the server goes down and comes back.
@@ -118,6 +138,7 @@ fn outage(backend: &str, server_name: &str) {
     std::thread::sleep(Duration::from_millis(1500));
     let down = Instant::now();
     server(&format!("stop-{server_name}"));
+    stopped.store(true, Ordering::SeqCst);
     // Down for at least 2 s, and until a stream has met the stopped server — but never
     // near the 30 s a finished body keeps trying to record its result.
     std::thread::sleep(Duration::from_secs(2));
@@ -134,6 +155,20 @@ fn outage(backend: &str, server_name: &str) {
         }
         all
     });
+
+    let straddled = runtime
+        .block_on(straddler)
+        .unwrap()
+        .expect("recorded once the server was back");
+    assert!(
+        counted.errors(conformance::faulty::Op::Complete) >= 1 && counted.calls(conformance::faulty::Op::Complete) >= 2,
+        "the finished body's complete met the stopped server and was retried ({} tries, {} failed)",
+        counted.calls(conformance::faulty::Op::Complete),
+        counted.errors(conformance::faulty::Op::Complete)
+    );
+    let replay = runtime.block_on(straddle(&store, &format!("{run}-straddle"), &stopped, &straddle_runs));
+    assert_eq!(replay.unwrap(), straddled, "its result replays after the outage");
+    assert_eq!(straddle_runs.load(Ordering::SeqCst), 1, "and its body ran once");
 
     let refused = outcomes
         .iter()
@@ -196,11 +231,13 @@ fn outage(backend: &str, server_name: &str) {
     }
     harness::say(&format!(
         "outage on {backend}: server down {downtime:.1?} during {} calls; {refused} refused at claim (no body ran), \
-         {} failed otherwise {:?} ({ambiguous} of them had committed before the stop cut them off); afterwards \
-         every key answered Ok or refused ran exactly once and every earlier result replayed ({} keys)",
+         {} failed otherwise {:?} ({ambiguous} of them had committed before the stop cut them off); a body that \
+         finished during the outage recorded its result after {} tries of complete; afterwards every key answered \
+         Ok or refused ran exactly once and every earlier result replayed ({} keys)",
         outcomes.len(),
         failed.len(),
         failed,
+        counted.calls(conformance::faulty::Op::Complete),
         keys.len()
     ));
 }

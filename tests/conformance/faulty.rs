@@ -40,6 +40,7 @@ struct Plan {
     /// Faults still to meet, per operation: (fault, calls left).
     faults: HashMap<Op, Vec<(Fault, u32)>>,
     calls: HashMap<Op, u32>,
+    errors: HashMap<Op, u32>,
 }
 
 /// The wrapper. Clones share the plan and the counts.
@@ -79,6 +80,11 @@ impl FaultyStore {
         self.plan.lock().unwrap().calls.get(&op).copied().unwrap_or(0)
     }
 
+    /// How many calls of `op` answered with an error (injected or the inner store's).
+    pub fn errors(&self, op: Op) -> u32 {
+        self.plan.lock().unwrap().errors.get(&op).copied().unwrap_or(0)
+    }
+
     /// As a shared store for the decorated functions.
     pub fn shared(&self) -> Store {
         Arc::new(self.clone())
@@ -98,6 +104,18 @@ impl FaultyStore {
     }
 
     async fn call<T>(
+        &self,
+        op: Op,
+        inner: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let answer = self.answer(op, inner).await;
+        if answer.is_err() {
+            *self.plan.lock().unwrap().errors.entry(op).or_default() += 1;
+        }
+        answer
+    }
+
+    async fn answer<T>(
         &self,
         op: Op,
         inner: impl std::future::Future<Output = Result<T, StoreError>>,
