@@ -1,6 +1,7 @@
 //! A store that injects faults into another: fail, delay, or commit-then-fail the next
 //! calls of one trait operation. It wraps the backend under test, so each fault is met
-//! by the real store (SQLite, PostgreSQL, MariaDB, memory) around it.
+//! by the real store (SQLite, PostgreSQL, MariaDB, memory) around it. The fault probe
+//! (`examples/probes.rs`) includes this file as it is.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use idem::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
 
-use super::calls::Store;
+/// The store under test, shared.
+pub type Store = Arc<dyn IdempotencyStore>;
 
 /// A trait operation of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
