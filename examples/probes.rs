@@ -45,7 +45,11 @@ fn op(biz: &'static str, store: &Store) -> Idempotent {
 
 /// The error's variant, by name (the same on both sides of the change).
 fn variant(error: &Error) -> String {
-    format!("{error:?}").split([' ', '(', '{']).next().unwrap_or_default().to_owned()
+    format!("{error:?}")
+        .split([' ', '(', '{'])
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 async fn run_body(runs: &AtomicU32) -> Result<u32, Error> {
@@ -234,7 +238,10 @@ async fn set_payloads() -> Row {
     let (runs, mut wrong) = (AtomicU32::new(0), 0);
     let skus: Vec<String> = (0..32).map(|i| format!("sku-{i}")).collect();
     for _ in 0..20 {
-        let payload = (skus.iter().cloned().collect::<HashSet<String>>(), u128::from(u64::MAX) + 7);
+        let payload = (
+            skus.iter().cloned().collect::<HashSet<String>>(),
+            u128::from(u64::MAX) + 7,
+        );
         let op = op("probe.payload", &store).payload(&payload);
         if op.execute("basket-1", run_body(&runs)).await.is_err() {
             wrong += 1;
@@ -291,7 +298,10 @@ async fn reentrant() -> Row {
     let started = Instant::now();
     let inner = op.clone();
     let outcome: Result<u8, Error> = op
-        .execute("k", async move { inner.execute("k", async { Ok::<u8, Error>(1) }).await })
+        .execute(
+            "k",
+            async move { inner.execute("k", async { Ok::<u8, Error>(1) }).await },
+        )
         .await;
     let said = match outcome {
         Ok(_) => "Ok".to_owned(),
@@ -310,11 +320,29 @@ async fn reentrant() -> Row {
 async fn durations() -> Row {
     let file = std::env::temp_dir().join(format!("idem-probes-{}.db", std::process::id()));
     let sqlite = idem::sqlx::open(&format!("sqlite://{}", file.display())).await.unwrap();
-    let cases: Vec<(&str, Box<dyn Fn() -> Idempotent + Send + Sync>, Store)> = vec![
-        ("ttl(MAX)", Box::new(|| Idempotent::new("probe.dur").ttl(Duration::MAX)), memory()),
-        ("lease(MAX)", Box::new(|| Idempotent::new("probe.dur").lease(Duration::MAX)), memory()),
-        ("wait(MAX)", Box::new(|| Idempotent::new("probe.dur").wait(Duration::MAX)), memory()),
-        ("lease(0)", Box::new(|| Idempotent::new("probe.dur").lease(Duration::ZERO)), memory()),
+    // Built inside the probe's task: a builder may panic on these.
+    type Build = Box<dyn Fn() -> Idempotent + Send + Sync>;
+    let cases: Vec<(&str, Build, Store)> = vec![
+        (
+            "ttl(MAX)",
+            Box::new(|| Idempotent::new("probe.dur").ttl(Duration::MAX)),
+            memory(),
+        ),
+        (
+            "lease(MAX)",
+            Box::new(|| Idempotent::new("probe.dur").lease(Duration::MAX)),
+            memory(),
+        ),
+        (
+            "wait(MAX)",
+            Box::new(|| Idempotent::new("probe.dur").wait(Duration::MAX)),
+            memory(),
+        ),
+        (
+            "lease(0)",
+            Box::new(|| Idempotent::new("probe.dur").lease(Duration::ZERO)),
+            memory(),
+        ),
         (
             "ttl 8,000 y (SQLite)",
             Box::new(|| Idempotent::new("probe.dur").ttl(Duration::from_secs(8_000 * 365 * 86_400))),
