@@ -51,8 +51,8 @@
 //! | `lease` | duration string | `"30s"` | how long a PROCESSING claim is respected; a heartbeat renews it while the body runs |
 //! | `on_error` | `Release` or `Record` | `Release` | body returned `Err`: delete the claim (a retry runs again), or record FAIL ([`Error::PreviousFailed`] until `ttl`) |
 //! | `wait` | duration string | none | a duplicate that finds the first call running waits this long for its outcome instead of [`Error::InProgress`] |
-//! | `payload` | `Serialize` expression | none | its fingerprint (SHA-256 of canonical JSON) is stored; same key, other payload → [`Error::PayloadMismatch`] |
-//! | `store` | `&S`, `Arc<S>` or `Arc<dyn IdempotencyStore>` | the [`install`]ed store | which store to use |
+//! | `payload` | `Serialize` expression | none | its fingerprint is stored; same key, other payload → [`Error::PayloadMismatch`] (see below) |
+//! | `store` | `&S` (`S: Clone`), `Arc<S>` or `Arc<dyn IdempotencyStore>` | the [`install`]ed store | which store to use; a borrowed store is cloned (a cheap handle) only to record an outcome after its caller is gone |
 //! | `crate` | path | `::idem` | where this crate is, when renamed |
 //!
 //! The function must be an `async fn` returning `Result<T, E>` with
@@ -61,30 +61,75 @@
 //!
 //! # Semantics
 //!
-//! 1. The key is checked first: non-empty, at most 255 bytes, no control characters —
-//!    else [`Error::InvalidKey`], and the body does not run.
+//! 1. The options and the key are checked first: durations positive and at most
+//!    [`MAX_DURATION`] (100 years; the attribute refuses others at compile time, the
+//!    builder with [`Error::InvalidOption`]); the key non-empty, at most 255 bytes, no
+//!    control characters ([`Error::InvalidKey`]); not the key of a body running on
+//!    this task ([`Error::Reentrant`], instead of waiting on itself). The body does not
+//!    run.
 //! 2. `(biz, key)` is claimed atomically. The claim is granted when no live record
 //!    exists, when the record expired, or when it is PROCESSING with a lapsed lease
-//!    (a takeover). Every grant increments the record's *fence*.
+//!    (a takeover). A new record's fence is the claim's instant in microseconds; every
+//!    later grant adds one, so the fence of a key only grows, across purges too.
 //! 3. Otherwise the existing record answers: another payload → `PayloadMismatch`;
 //!    SUCCESS → replay or `Duplicate`; PROCESSING → wait or `InProgress`; FAIL →
-//!    `PreviousFailed`.
-//! 4. The body runs inside a task-local [`Context`] ([`context()`]) while a heartbeat
-//!    renews the lease. Its `Ok` value is stored before it is returned.
+//!    `PreviousFailed` with the recorded message. A waiting duplicate reads the record
+//!    (it never writes while it waits) and `wait` bounds the waiting.
+//! 4. A claim that waited (for a pool connection, a lock) past a third of its lease
+//!    renews it before the body starts, so a body always starts with two thirds of its
+//!    lease ahead. The body runs inside a task-local [`Context`] ([`context()`]) while
+//!    a heartbeat renews the lease (a failed renewal is retried within a quarter beat).
+//!    If a renewal finds the key taken over, [`Context::lease_held`] turns false and
+//!    [`Context::lease_lost`] resolves, so a long body can stop.
 //! 5. Every write of a holder names its fence: a holder whose claim was taken over
 //!    changes nothing and gets [`Error::LeaseLost`] (and a `tracing` warning).
-//! 6. A call dropped or panicking mid-body leaves the claim PROCESSING; the heartbeat
+//! 6. A call dropped or panicking *mid-body* leaves the claim PROCESSING; the heartbeat
 //!    stops with the call's future, so the lease lapses and a retry takes over.
-//! 7. An unreachable store is [`Error::Store`], and the body does not run.
+//! 7. Once the body has finished, its outcome (SUCCESS, FAIL or release) is recorded
+//!    whatever happens to the caller: the write is retried (renewing the lease) while
+//!    the caller waits — half a lease — and goes on in a task of its own if the caller
+//!    is dropped or stops waiting (it then got [`Error::Store`]). Until it is recorded,
+//!    duplicates get `InProgress` or wait; never a second run. A write whose reply was
+//!    lost but which committed is recognised as the caller's own.
+//! 8. An unreachable store at the claim is [`Error::Store`], and the body does not run.
+//!
+//! ## What the `Ok` type and the payload must satisfy
+//!
+//! A replay equals the first answer. The `Ok` value is stored as JSON and, before it
+//! is recorded, read back into its type and compared with the original through serde's
+//! data model: a value JSON cannot carry (NaN, ±∞, `Some(None)` of an
+//! `Option<Option<T>>`, an `untagged` enum variant that reads back as another) fails
+//! the first call with [`Error::Encode`] and is recorded FAIL (the body ran; it will not
+//! run again). Floats replay with their exact bits. `T` must therefore serialize to
+//! JSON (map keys as strings) and deserialize back to an equal value.
+//!
+//! Equal payloads fingerprint equal: the fingerprint is SHA-256 over serde's data model
+//! with map and struct fields sorted, every sequence sorted (a `HashSet` in any order,
+//! and so `[1, 2]` and `[2, 1]` are one payload; tuples and arrays keep their order),
+//! integers of any width (`u128` included). The payload's JSON (up to
+//! [`MAX_REQUEST_BODY`]) is kept in `request_body` for reconciliation.
+//!
+//! ## Faults, and what each does
+//!
+//! | fault | outcome |
+//! |---|---|
+//! | store down at the claim | [`Error::Store`]; the body does not run |
+//! | store slow to grant the claim | the lease is renewed before the body starts |
+//! | renewals failing while the body runs | retried within a quarter beat; the lease survives blips shorter than two thirds of it |
+//! | key taken over while the body runs | [`Context::lease_lost`] resolves; the body's outcome is refused: [`Error::LeaseLost`] |
+//! | `complete`/`fail`/`release` failing after the body | retried, renewing the lease; past half a lease the caller gets [`Error::Store`] and the write goes on without it |
+//! | caller dropped after the body | the outcome is still recorded |
+//! | a write that committed but whose reply was lost | recognised as the caller's own: the caller gets its result |
+//! | process killed mid-body | the lease lapses; a retry takes over and runs the body (put the business write in the same database transaction to make that safe) |
+//! | a table of another shape | `migrate()` and the first claim refuse it, naming table, column, found and needed |
 //!
 //! Decisions where the design is silent: a record written without a payload
 //! fingerprint matches any payload; the body's `Err` is always returned to the caller
-//! as it was (a failed release is logged); a response that cannot be serialized is
-//! recorded as FAIL so the body is not run again, and the caller gets
-//! [`Error::Encode`]; all instants come from the caller's clock (hosts must keep their
-//! clocks in sync to well within a lease).
+//! as it was; under `on_error = Record` the FAIL record keeps the error's `Display`
+//! text (its type name where it has none, and always through the builder); all instants
+//! come from the caller's clock (hosts must keep their clocks in sync to well within a
+//! lease).
 
-//!
 //! # Stores and features
 //!
 //! [`MemoryStore`] is always there. Cargo features add the database stores, each
@@ -97,7 +142,9 @@
 //! # Dependencies, and why
 //!
 //! `tokio` (task-local context, heartbeat and `wait` timers), `serde`/`serde_json`
-//! (responses are stored as JSON), `thiserror` (the error enum), `tracing` (lease-lost
+//! (responses are stored as JSON; `float_roundtrip` so floats replay exactly),
+//! `serde-content` (serde's data model as a value: the replay check and the payload
+//! fingerprint compare through it), `thiserror` (the error enum), `tracing` (lease-lost
 //! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
 //! fingerprints), `sqlx` (the database stores), `chrono` (sqlx's timestamp types),
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the

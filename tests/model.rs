@@ -3,6 +3,12 @@
 //! model of DESIGN §3 written here from the text (not from the stores' code). After
 //! every step the store and the model agree on the step's answer and on every record.
 //!
+//! Two kinds of step test more than one call at a time: a *fault* step fails one store
+//! call, either before it reaches the store or after its write committed (the reply
+//! lost), and the model applies the write or not accordingly; a *together* step runs
+//! two holder operations concurrently, and the store must agree with the model run in
+//! one order or the other (each answer and every record).
+//!
 //! `IDEM_MODEL_CASES` sets the number of sequences per store (64 by default; the
 //! documented long run uses 5,000).
 
@@ -13,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use conformance::faulty::{Fault, FaultyStore};
 use idem::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, Status};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -49,11 +56,40 @@ enum Op {
     Advance {
         ms: u64,
     },
+    /// One call of the operation fails: before the store, or after its write committed.
+    Faulty(Box<Op>, Injected),
+    /// Two operations at once.
+    Together(Box<Op>, Box<Op>),
+}
+
+/// Where an injected fault strikes.
+#[derive(Debug, Clone, Copy)]
+enum Injected {
+    /// The call never reaches the store.
+    Before,
+    /// The store's write commits; the reply is lost.
+    AfterCommit,
+}
+
+/// A claim or a holder write: what can fail or run beside another.
+fn call() -> impl Strategy<Value = Op> {
+    let ms = 1..4_000u64;
+    prop_oneof![
+        2 => (0..KEYS.len(), proptest::option::of(0..FINGERPRINTS.len()), ms.clone(), ms.clone())
+            .prop_map(|(key, fingerprint, lease, ttl)| Op::Claim { key, fingerprint, lease, ttl }),
+        1 => (0..8usize, ms.clone()).prop_map(|(holder, lease)| Op::Renew { holder, lease }),
+        1 => (0..8usize, ms.clone()).prop_map(|(holder, ttl)| Op::Complete { holder, ttl }),
+        1 => (0..8usize, ms.clone()).prop_map(|(holder, ttl)| Op::Fail { holder, ttl }),
+        1 => (0..8usize).prop_map(|holder| Op::Release { holder }),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let ms = 1..4_000u64;
+    let injected = prop_oneof![Just(Injected::Before), Just(Injected::AfterCommit)];
     prop_oneof![
+        1 => (call(), injected).prop_map(|(op, fault)| Op::Faulty(Box::new(op), fault)),
+        1 => (call(), call()).prop_map(|(a, b)| Op::Together(Box::new(a), Box::new(b))),
         4 => (0..KEYS.len(), proptest::option::of(0..FINGERPRINTS.len()), ms.clone(), ms.clone())
             .prop_map(|(key, fingerprint, lease, ttl)| Op::Claim { key, fingerprint, lease, ttl }),
         2 => (0..8usize, ms.clone()).prop_map(|(holder, lease)| Op::Renew { holder, lease }),
@@ -88,7 +124,7 @@ enum Answer {
     Stands(Expected),
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Model {
     records: BTreeMap<String, Expected>,
 }
@@ -180,13 +216,47 @@ fn observed(record: &Record) -> Expected {
     }
 }
 
-/// Apply `ops` to `store` (empty, namespace `biz`) and to the model, step by step.
-async fn agree(store: &dyn IdempotencyStore, biz: &str, ops: &[Op]) {
-    let mut model = Model::default();
-    let mut now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
-    let mut leases: Vec<Lease> = Vec::new();
-    for (step, op) in ops.iter().enumerate() {
-        let at = |what: &str| format!("step {step} {op:?}: {what}");
+/// What one operation answered, as the model predicts it and as the store gives it.
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Granted(u64, SystemTime),
+    Stands(Expected),
+    Fence(FenceCheck),
+    /// The call failed (an injected fault).
+    Failed,
+    /// A holder write before any claim was granted: nothing to do.
+    Skipped,
+}
+
+/// What a step works with besides the model and the store.
+struct Step<'a> {
+    biz: &'a str,
+    now: SystemTime,
+    leases: &'a [Lease],
+    number: usize,
+}
+
+impl Step<'_> {
+    fn holder(&self, holder: usize) -> Option<&Lease> {
+        (!self.leases.is_empty()).then(|| &self.leases[holder % self.leases.len()])
+    }
+
+    fn claim<'c>(&'c self, key: usize, fingerprint: Option<usize>, lease: u64, ttl: u64) -> Claim<'c> {
+        let (lease, ttl) = (Duration::from_millis(lease), Duration::from_millis(ttl));
+        Claim::new(self.biz, KEYS[key], self.now, lease, ttl).with_fingerprint(fingerprint.map(|f| FINGERPRINTS[f]))
+    }
+
+    fn response(&self) -> String {
+        format!("\"response at step {}\"", self.number)
+    }
+
+    fn message(&self) -> String {
+        format!("failed at step {}", self.number)
+    }
+
+    /// The model's answer to `op` (a claim or a holder write), applied to `model`.
+    fn predict(&self, model: &mut Model, op: &Op) -> Outcome {
+        let now = self.now;
         match op {
             Op::Claim {
                 key,
@@ -194,75 +264,152 @@ async fn agree(store: &dyn IdempotencyStore, biz: &str, ops: &[Op]) {
                 lease,
                 ttl,
             } => {
-                let (key, fingerprint) = (KEYS[*key], fingerprint.map(|f| FINGERPRINTS[f]));
-                let (lease, ttl) = (Duration::from_millis(*lease), Duration::from_millis(*ttl));
-                let claim = Claim::new(biz, key, now, lease, ttl).with_fingerprint(fingerprint);
-                let expected = model.claim(key, fingerprint, now, lease, ttl);
-                match (store.claim(&claim).await.unwrap(), expected) {
-                    (ClaimOutcome::Acquired(granted), Answer::Granted(fence, created_at)) => {
-                        assert_eq!(
-                            (granted.fence, granted.created_at),
-                            (fence, created_at),
-                            "{}",
-                            at("grant")
-                        );
-                        leases.push(granted);
-                    }
-                    (ClaimOutcome::Existing(record), Answer::Stands(expected)) => {
-                        assert_eq!(observed(&record), expected, "{}", at("existing record"))
-                    }
-                    (got, expected) => panic!("{}: store {got:?}, model {expected:?}", at("claim")),
+                let claim = self.claim(*key, *fingerprint, *lease, *ttl);
+                match model.claim(claim.key, claim.fingerprint, now, claim.lease, claim.ttl) {
+                    Answer::Granted(fence, created_at) => Outcome::Granted(fence, created_at),
+                    Answer::Stands(record) => Outcome::Stands(record),
                 }
             }
-            Op::Renew { holder, lease } if !leases.is_empty() => {
-                let held = &leases[holder % leases.len()];
+            Op::Renew { holder, lease } => self.holder(*holder).map_or(Outcome::Skipped, |held| {
                 let until = now + Duration::from_millis(*lease);
-                let expected = model.write(held, |r| {
+                Outcome::Fence(model.write(held, |r| {
                     r.lease_until = Some(until);
                     r.expires_at = r.expires_at.max(until);
-                });
-                let got = store.renew(held, now, Duration::from_millis(*lease)).await.unwrap();
-                assert_eq!(got, expected, "{}", at("renew"));
-            }
-            Op::Complete { holder, ttl } if !leases.is_empty() => {
-                let held = &leases[holder % leases.len()];
-                let response = format!("\"response at step {step}\"");
-                let expires = now + Duration::from_millis(*ttl);
-                let expected = model.write(held, |r| {
-                    (r.status, r.response) = (Status::Succeeded, Some(response.clone()));
+                }))
+            }),
+            Op::Complete { holder, ttl } => self.holder(*holder).map_or(Outcome::Skipped, |held| {
+                let (response, expires) = (self.response(), now + Duration::from_millis(*ttl));
+                Outcome::Fence(model.write(held, |r| {
+                    (r.status, r.response) = (Status::Succeeded, Some(response));
                     (r.lease_until, r.completed_at, r.expires_at) = (Some(now), Some(now), expires);
-                });
-                let got = store
-                    .complete(held, &response, now, Duration::from_millis(*ttl))
-                    .await
-                    .unwrap();
-                assert_eq!(got, expected, "{}", at("complete"));
-            }
-            Op::Fail { holder, ttl } if !leases.is_empty() => {
-                let held = &leases[holder % leases.len()];
-                let message = format!("failed at step {step}");
-                let expires = now + Duration::from_millis(*ttl);
-                let expected = model.write(held, |r| {
-                    (r.status, r.error) = (Status::Failed, Some(message.clone()));
+                }))
+            }),
+            Op::Fail { holder, ttl } => self.holder(*holder).map_or(Outcome::Skipped, |held| {
+                let (message, expires) = (self.message(), now + Duration::from_millis(*ttl));
+                Outcome::Fence(model.write(held, |r| {
+                    (r.status, r.error) = (Status::Failed, Some(message));
                     (r.lease_until, r.completed_at, r.expires_at) = (Some(now), Some(now), expires);
-                });
-                let got = store
-                    .fail(held, &message, now, Duration::from_millis(*ttl))
-                    .await
-                    .unwrap();
-                assert_eq!(got, expected, "{}", at("fail"));
-            }
-            Op::Release { holder } if !leases.is_empty() => {
-                let held = leases[holder % leases.len()].clone();
-                let expected = match model.held(&held) {
+                }))
+            }),
+            Op::Release { holder } => self.holder(*holder).map_or(Outcome::Skipped, |held| {
+                Outcome::Fence(match model.held(held) {
                     Some(_) => {
                         model.records.remove(&held.key);
                         FenceCheck::Held
                     }
                     None => FenceCheck::Lost,
+                })
+            }),
+            Op::Faulty(op, Injected::Before) => match self.predict(&mut model.clone(), op) {
+                Outcome::Skipped => Outcome::Skipped,
+                _ => Outcome::Failed,
+            },
+            Op::Faulty(op, Injected::AfterCommit) => match self.predict(model, op) {
+                Outcome::Skipped => Outcome::Skipped,
+                _ => Outcome::Failed,
+            },
+            other => unreachable!("not a call: {other:?}"),
+        }
+    }
+
+    /// The store's answer to `op` (a claim or a holder write).
+    async fn perform(&self, store: &FaultyStore, op: &Op) -> Outcome {
+        let now = self.now;
+        let fenced = |answer: Result<FenceCheck, idem::StoreError>| answer.map_or(Outcome::Failed, Outcome::Fence);
+        match op {
+            Op::Claim {
+                key,
+                fingerprint,
+                lease,
+                ttl,
+            } => match store.claim(&self.claim(*key, *fingerprint, *lease, *ttl)).await {
+                Ok(ClaimOutcome::Acquired(granted)) => Outcome::Granted(granted.fence, granted.created_at),
+                Ok(ClaimOutcome::Existing(record)) => Outcome::Stands(observed(&record)),
+                Err(_) => Outcome::Failed,
+            },
+            Op::Renew { holder, lease } => match self.holder(*holder) {
+                Some(held) => fenced(store.renew(held, now, Duration::from_millis(*lease)).await),
+                None => Outcome::Skipped,
+            },
+            Op::Complete { holder, ttl } => match self.holder(*holder) {
+                Some(held) => fenced(
+                    store
+                        .complete(held, &self.response(), now, Duration::from_millis(*ttl))
+                        .await,
+                ),
+                None => Outcome::Skipped,
+            },
+            Op::Fail { holder, ttl } => match self.holder(*holder) {
+                Some(held) => fenced(
+                    store
+                        .fail(held, &self.message(), now, Duration::from_millis(*ttl))
+                        .await,
+                ),
+                None => Outcome::Skipped,
+            },
+            Op::Release { holder } => match self.holder(*holder) {
+                Some(held) => fenced(store.release(held).await),
+                None => Outcome::Skipped,
+            },
+            Op::Faulty(op, injected) => {
+                let fault = match injected {
+                    Injected::Before => Fault::Fail,
+                    Injected::AfterCommit => Fault::CommitThenFail,
                 };
-                assert_eq!(store.release(&held).await.unwrap(), expected, "{}", at("release"));
+                store.inject(FaultOp::of(op), fault, 1);
+                let outcome = Box::pin(self.perform(store, op)).await;
+                store.heal(); // a skipped call left its fault unmet
+                outcome
             }
+            other => unreachable!("not a call: {other:?}"),
+        }
+    }
+}
+
+/// The store operation a call makes.
+struct FaultOp;
+
+impl FaultOp {
+    fn of(op: &Op) -> conformance::faulty::Op {
+        use conformance::faulty::Op as Call;
+        match op {
+            Op::Claim { .. } => Call::Claim,
+            Op::Renew { .. } => Call::Renew,
+            Op::Complete { .. } => Call::Complete,
+            Op::Fail { .. } => Call::Fail,
+            Op::Release { .. } => Call::Release,
+            other => unreachable!("not a call: {other:?}"),
+        }
+    }
+}
+
+/// The records of `biz`, as the store has them.
+async fn records(store: &dyn IdempotencyStore, biz: &str) -> BTreeMap<String, Expected> {
+    let mut records = BTreeMap::new();
+    for key in KEYS {
+        if let Some(record) = store.get(biz, key).await.unwrap() {
+            records.insert(key.to_owned(), observed(&record));
+        }
+    }
+    records
+}
+
+/// Apply `ops` to `store` (empty, namespace `biz`) and to the model, step by step.
+async fn agree(inner: &Arc<dyn IdempotencyStore>, biz: &str, ops: &[Op]) {
+    let store = FaultyStore::new(inner);
+    let mut model = Model::default();
+    let mut now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let mut leases: Vec<Lease> = Vec::new();
+    for (number, op) in ops.iter().enumerate() {
+        let at = |what: &str| format!("step {number} {op:?}: {what}");
+        let step = Step {
+            biz,
+            now,
+            leases: &leases,
+            number,
+        };
+        let mut granted = Vec::new();
+        match op {
             Op::Purge { limit } => {
                 let eligible = model.purgeable(now);
                 let purged = store.purge_expired(now, *limit).await.unwrap();
@@ -275,12 +422,46 @@ async fn agree(store: &dyn IdempotencyStore, biz: &str, ops: &[Op]) {
                 }
             }
             Op::Advance { ms } => now += Duration::from_millis(*ms),
-            _ => {} // a holder write before any claim was granted
+            Op::Together(a, b) => {
+                let (got_a, got_b) = tokio::join!(step.perform(&store, a), step.perform(&store, b));
+                let stored = records(inner.as_ref(), biz).await;
+                let orders = [(a, b, false), (b, a, true)].map(|(first, second, swapped)| {
+                    let mut model = model.clone();
+                    let one = step.predict(&mut model, first);
+                    let two = step.predict(&mut model, second);
+                    let answers = if swapped { (two, one) } else { (one, two) };
+                    (answers, model)
+                });
+                let agreed = orders
+                    .into_iter()
+                    .find(|((a, b), order)| (a, b) == (&got_a, &got_b) && order.records == stored);
+                let Some((_, order)) = agreed else {
+                    panic!(
+                        "{}: store answered {got_a:?} / {got_b:?} with {stored:?}, which no order of the two gives",
+                        at("together")
+                    )
+                };
+                model = order;
+                granted.extend([(got_a, &**a), (got_b, &**b)]);
+            }
+            call => {
+                let expected = step.predict(&mut model, call);
+                let got = step.perform(&store, call).await;
+                assert_eq!(got, expected, "{}", at("answer"));
+                granted.push((got, call));
+            }
         }
-        for key in KEYS {
-            let got = store.get(biz, key).await.unwrap().map(|r| observed(&r));
-            assert_eq!(got.as_ref(), model.records.get(key), "{}", at(&format!("record {key}")));
+        for (outcome, call) in granted {
+            if let (Outcome::Granted(fence, created_at), Op::Claim { key, .. }) = (outcome, call) {
+                leases.push(Lease {
+                    biz: biz.to_owned(),
+                    key: KEYS[*key].to_owned(),
+                    fence,
+                    created_at,
+                });
+            }
         }
+        assert_eq!(records(inner.as_ref(), biz).await, model.records, "{}", at("records"));
     }
 }
 
@@ -307,7 +488,7 @@ where
     let result = runner.run(&sequences, |ops| {
         runtime.block_on(async {
             let store = open().await;
-            agree(&*store, "model", &ops).await;
+            agree(&store, "model", &ops).await;
         });
         Ok(())
     });
