@@ -172,17 +172,8 @@ async fn lost_reply() -> Row {
 async fn float_replays() -> Row {
     let store = memory();
     let op = op("probe.floats", &store);
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut wrong = 0;
-    let values: Vec<f64> = std::iter::from_fn(|| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        Some(f64::from_bits(state))
-    })
-    .filter(|v| v.is_finite())
-    .take(10_000)
-    .collect();
+    let values = faulty::random_doubles(0x2545_F491_4F6C_DD1D, 10_000);
     for (i, value) in values.iter().enumerate() {
         let key = format!("k{i}");
         let _: Result<f64, Error> = op.execute(&key, async { Ok(*value) }).await;

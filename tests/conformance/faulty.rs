@@ -181,3 +181,17 @@ impl IdempotencyStore for FaultyStore {
         self.call(Op::Purge, self.inner.purge_expired(now, limit)).await
     }
 }
+
+/// `count` finite doubles spread over the whole bit space (xorshift from `seed`): the
+/// values a JSON round trip gets wrong when it is not exact.
+pub fn random_doubles(mut seed: u64, count: usize) -> Vec<f64> {
+    std::iter::from_fn(|| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        Some(f64::from_bits(seed))
+    })
+    .filter(|v| v.is_finite())
+    .take(count)
+    .collect()
+}
