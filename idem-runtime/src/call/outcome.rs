@@ -31,6 +31,23 @@ const LONGEST_RETRY: Duration = Duration::from_secs(1);
 /// it the store has refused the write for minutes, and the lease is let go.
 const DETACHED_LIMIT: Duration = Duration::from_secs(300);
 
+/// The longest `error_message` written: every store's column holds it (MySQL's `TEXT`
+/// holds 64 KiB), and a failure is described, not dumped.
+const MAX_ERROR_MESSAGE: usize = 4096;
+
+/// `message`, cut at a character boundary to at most [`MAX_ERROR_MESSAGE`] bytes.
+fn bounded(mut message: String) -> String {
+    if message.len() > MAX_ERROR_MESSAGE {
+        let mut end = MAX_ERROR_MESSAGE - '…'.len_utf8();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
+}
+
 /// The outcome of a finished body, as the store records it.
 #[derive(Debug, Clone)]
 pub(crate) enum Verdict {
@@ -201,7 +218,7 @@ impl Call<'_> {
                     }
                 },
                 Err(source) => {
-                    let message = format!("the response could not be recorded: {source}");
+                    let message = bounded(format!("the response could not be recorded: {source}"));
                     self.settle_after_failure(lease, Verdict::Failed(message)).await;
                     Err(self
                         .error(|biz, key| Error::Encode {
@@ -216,7 +233,7 @@ impl Call<'_> {
             Err(error) => {
                 let verdict = match self.op.on_error {
                     OnError::Release => Verdict::Released,
-                    OnError::Record => Verdict::Failed(describe(&error)),
+                    OnError::Record => Verdict::Failed(bounded(describe(&error))),
                 };
                 self.settle_after_failure(lease, verdict).await;
                 Err(error)
@@ -266,5 +283,17 @@ impl Call<'_> {
             fence: lease.fence,
             operation,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_messages_are_bounded_at_a_character() {
+        assert_eq!(bounded("short".into()), "short");
+        let long = bounded("é".repeat(5000));
+        assert!(long.len() <= MAX_ERROR_MESSAGE && long.ends_with('…'), "{}", long.len());
     }
 }
