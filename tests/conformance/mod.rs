@@ -90,6 +90,7 @@ macro_rules! conformance_suite {
             stale_holder_cannot_complete_over_the_new_holder,
             stale_holder_cannot_fail_or_release_the_new_record,
             stale_lease_writes_nothing_while_the_new_holder_runs,
+            lapsed_claim_is_not_taken_over_by_another_payload,
             bad_keys_are_refused_before_the_body,
             falsy_looking_keys_are_valid,
             biz_namespaces_do_not_share_records,

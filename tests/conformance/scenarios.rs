@@ -696,3 +696,24 @@ pub async fn effect_keys_and_fences_follow_the_life_of_a_key(store: &Store) {
     assert!(next > taken, "after a purge the fence still grows: {next} > {taken}");
     assert_ne!(next_sms, taken_sms, "a new life is a new effect");
 }
+
+/// A lapsed claim is taken over only by a call whose payload agrees: another payload
+/// gets the record (and `PayloadMismatch` through the executor), never the key.
+pub async fn lapsed_claim_is_not_taken_over_by_another_payload(store: &Store) {
+    use idem::{Claim, ClaimOutcome};
+    let (biz, key) = (unique("lapsed-payload"), unique("k"));
+    let now = idem::now();
+    let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+    let first = Claim::new(&biz, &key, now - hour, second, 2 * hour).with_fingerprint(Some("f1"));
+    assert!(matches!(store.claim(&first).await.unwrap(), ClaimOutcome::Acquired(_)));
+    let other = Claim::new(&biz, &key, now, hour, hour).with_fingerprint(Some("f2"));
+    match store.claim(&other).await.unwrap() {
+        ClaimOutcome::Existing(record) => assert_eq!(record.fingerprint.as_deref(), Some("f1")),
+        granted => panic!("another payload took the lapsed claim over: {granted:?}"),
+    }
+    let same = Claim::new(&biz, &key, now, hour, hour).with_fingerprint(Some("f1"));
+    assert!(
+        matches!(store.claim(&same).await.unwrap(), ClaimOutcome::Acquired(_)),
+        "the same payload may"
+    );
+}
