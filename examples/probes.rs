@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo run --release --example probes            # this tree
-//! bash .ci/probes-before-after                    # this tree beside the code before issue 8, one run
+//! bash .ci/before-after probes                    # this tree beside the code before issue 8, one run
 //! ```
 //!
 //! Written against the API both have (the attribute, the builder, the store trait), so
