@@ -76,3 +76,81 @@ where
         claim.biz, claim.key
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::time::{Duration, SystemTime};
+
+    use idem_runtime::Status;
+
+    use super::*;
+
+    fn claim_at(now: SystemTime) -> Claim<'static> {
+        Claim::new("b", "k", now, Duration::from_secs(30), Duration::from_secs(60))
+    }
+
+    /// SCENARIOS 15: the record changes between a refused upsert and the read that
+    /// follows. A record that vanished, or became claimable, sends the claim round
+    /// again; past the bound it is an error, never a guess.
+    #[tokio::test]
+    async fn a_record_changing_under_the_claim_is_retried_then_refused() {
+        let now = idem_runtime::now();
+        let claim = claim_at(now);
+        let upserts = Cell::new(0);
+        let vanished = claim_or_read(
+            &claim,
+            || async {
+                upserts.set(upserts.get() + 1);
+                Ok(Upserted::Refused(None))
+            },
+            || async { Ok(None) },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(upserts.get(), CLAIM_ATTEMPTS);
+        assert!(vanished.to_string().contains("changed under 5 claims"), "{vanished}");
+
+        // Claimable when read (it expired in between), then granted on the next round.
+        let expired = claim_at(now - Duration::from_secs(3600)).granted(None);
+        let lease = Lease::of(&claim.granted(None));
+        let rounds = Cell::new(0);
+        let outcome = claim_or_read(
+            &claim,
+            || {
+                rounds.set(rounds.get() + 1);
+                let grant = rounds.get() > 1;
+                let lease = lease.clone();
+                async move {
+                    Ok(if grant {
+                        Upserted::Granted(lease)
+                    } else {
+                        Upserted::Refused(None)
+                    })
+                }
+            },
+            || {
+                let expired = expired.clone();
+                async move { Ok(Some(expired)) }
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(outcome, ClaimOutcome::Acquired(lease));
+        assert_eq!(rounds.get(), 2);
+
+        // A live record stands: the claim answers with it, after one round.
+        let live = claim_at(now).granted(None);
+        let outcome = claim_or_read(
+            &claim,
+            || async { Ok(Upserted::Refused(None)) },
+            || {
+                let live = live.clone();
+                async move { Ok(Some(live)) }
+            },
+        )
+        .await
+        .unwrap();
+        assert!(matches!(outcome, ClaimOutcome::Existing(record) if record.status == Status::Processing));
+    }
+}
