@@ -114,7 +114,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(at) => args.get(at + 1).ok_or("--database-url needs a value")?.clone(),
         None => "sqlite://target/idem-payment.db".to_owned(),
     };
-    let store = idem::sqlx::open(&url).await?;
+    let store = idem::sql::open(&url).await?;
     idem::install(store.clone());
     // Request ids of this run: the database keeps earlier runs' records (and would
     // rightly replay them).

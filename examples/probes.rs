@@ -310,7 +310,7 @@ async fn reentrant() -> Row {
 /// Durations no store can hold, in the builder; an 8,000-year ttl on SQLite.
 async fn durations() -> Row {
     let file = std::env::temp_dir().join(format!("idem-probes-{}.db", std::process::id()));
-    let sqlite = idem::sqlx::open(&format!("sqlite://{}", file.display())).await.unwrap();
+    let sqlite = idem::sql::open(&format!("sqlite://{}", file.display())).await.unwrap();
     // Built inside the probe's task: a builder may panic on these.
     type Build = Box<dyn Fn() -> Idempotent + Send + Sync>;
     let cases: Vec<(&str, Build, Store)> = vec![

@@ -135,7 +135,7 @@
 //! [`MemoryStore`] is always there. Cargo features add the database stores, each
 //! keeping one `idempotent_record` table: `sqlite` (default, [`SqliteStore`]),
 //! `postgres` (`PostgresStore`), `mysql` (`MySqlStore`, MySQL 8 and MariaDB 10.11);
-//! [`sqlx::open`] picks one by URL. `sweeper` (default) adds
+//! [`sql::open`] picks one by URL. `sweeper` (default) adds
 //! [`Sweeper::continuously_purge`]; `cache` adds `CachedStore`, a bounded local tier
 //! that replays finished records without a round trip (the answer to hot keys).
 //!
@@ -150,20 +150,56 @@
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute) and `strsim` ("did you mean" hints for misspelt options).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use idem_macros::idempotent;
-pub use idem_runtime::*;
+pub use idem_runtime::{
+    context, install, installed, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore, Mode,
+    OnError, Record, Status, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
+};
+
+#[cfg(feature = "cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
+pub use idem_runtime::CachedStore;
+
+#[cfg(feature = "sweeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]
+pub use idem_runtime::Sweeper;
+
+pub use idem_runtime::sweeper;
+
+/// What a store implementation needs: the claim and its outcome, the lease a holder
+/// writes under, and the store's own error. Applications need none of it.
+pub mod store {
+    pub use idem_runtime::{
+        fingerprints_agree, now, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, OwnedStore, Record, Status,
+        StoreError, UnknownStatus,
+    };
+}
+
+#[doc(hidden)]
+pub use idem_runtime::__private;
+
+/// sqlx itself, the version the database stores are built on, so an application names
+/// one version of it: `idem::sqlx::PgPool`.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
+pub use idem_store_sqlx::sqlx;
+
+/// The database stores' helpers: a store picked by URL ([`sql::open`]), the default
+/// table name. The stores themselves are at the crate root.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
+pub mod sql {
+    pub use idem_store_sqlx::{connect_table, open, open_table, DEFAULT_TABLE};
+}
 
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use idem_store_sqlx::MySqlStore;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use idem_store_sqlx::PostgresStore;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use idem_store_sqlx::SqliteStore;
-
-/// The database stores (by feature: `sqlite`, `postgres`, `mysql`) next to the sqlx
-/// they are built on, so an application names one version of both:
-/// `idem::sqlx::SqlitePool`, `idem::sqlx::SqliteStore`.
-pub mod sqlx {
-    pub use idem_store_sqlx::sqlx::*;
-    pub use idem_store_sqlx::*;
-}

@@ -40,7 +40,7 @@ fn unwrap_idem<T: std::fmt::Debug>(result: Result<T, AppError>) -> Error {
 }
 
 async fn open(url: &str) -> (Store, Effects) {
-    (idem::sqlx::open(url).await.expect("open"), Effects::open(url).await)
+    (idem::sql::open(url).await.expect("open"), Effects::open(url).await)
 }
 
 async fn response_that_does_not_serialize(store: &Store) {
@@ -169,18 +169,18 @@ async fn foreign_tables_are_refused(url: &str, db: &Effects) {
     let runs = AtomicU32::new(0);
     for (table, create, says) in &tables {
         db.execute(create, &[]).await.unwrap();
-        let error = idem::sqlx::open_table(url, table).await.unwrap_err().to_string();
+        let error = idem::sql::open_table(url, table).await.unwrap_err().to_string();
         for part in says.iter().chain([&format!("`{table}`").as_str()]) {
             assert!(error.contains(part), "{url}: `{part}` in: {error}");
         }
-        let unmigrated = idem::sqlx::connect_table(url, table).await.unwrap();
+        let unmigrated = idem::sql::connect_table(url, table).await.unwrap();
         let error = unwrap_idem(plain(&unmigrated, "k", &runs).await);
         assert!(matches!(&error, Error::Store { operation: "claim", .. }), "{error:?}");
         let cause = std::error::Error::source(&error).unwrap().to_string();
         assert!(cause.contains(says[0]), "the first claim says it too: {cause}");
         db.execute(&format!("DROP TABLE {table}"), &[]).await.unwrap();
     }
-    let missing = idem::sqlx::connect_table(url, &name("missing")).await.unwrap();
+    let missing = idem::sql::connect_table(url, &name("missing")).await.unwrap();
     let error = unwrap_idem(plain(&missing, "k", &runs).await);
     let cause = std::error::Error::source(&error).unwrap().to_string();
     assert!(
@@ -197,7 +197,7 @@ async fn awkward_table_names(url: &str, db: &Effects) {
     let long = |last: char| format!("{}{last}", "t".repeat(62));
     let runs = AtomicU32::new(0);
     for table in ["order".to_owned(), long('a'), long('b')] {
-        let store = idem::sqlx::open_table(url, &table)
+        let store = idem::sql::open_table(url, &table)
             .await
             .unwrap_or_else(|e| panic!("{url} table {table}: {e}"));
         assert_eq!(plain(&store, "k", &runs).await.unwrap(), runs.load(Ordering::SeqCst));

@@ -49,7 +49,7 @@ fn holder_worker() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = idem::sqlx::open(&url).await.unwrap();
+        let store = idem::sql::open(&url).await.unwrap();
         let effects = Effects::open(&url).await;
         for done in ["a", "b"] {
             let key = format!("{run}-{done}");
@@ -105,7 +105,7 @@ fn crash_recovery(backend: &str) {
     let run = conformance::unique("kill");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (store, effects) =
-        runtime.block_on(async { (idem::sqlx::open(&url).await.unwrap(), Effects::open(&url).await) });
+        runtime.block_on(async { (idem::sql::open(&url).await.unwrap(), Effects::open(&url).await) });
     let (mut holder, _) = start_holder(&url, &run, Duration::from_secs(600));
     holder.kill().unwrap(); // SIGKILL
     holder.wait().unwrap();
@@ -171,7 +171,7 @@ fn pause_recovery(backend: &str) {
     let run = conformance::unique("stop");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (store, effects) =
-        runtime.block_on(async { (idem::sqlx::open(&url).await.unwrap(), Effects::open(&url).await) });
+        runtime.block_on(async { (idem::sql::open(&url).await.unwrap(), Effects::open(&url).await) });
     let (mut holder, mut out) = start_holder(&url, &run, Duration::from_secs(3));
     signal(&holder, "-STOP");
     std::thread::sleep(Duration::from_millis(3000)); // past the 2 s lease: no heartbeat in a stopped process

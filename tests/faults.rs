@@ -76,15 +76,15 @@ fn outage(backend: &str, server_name: &str) {
     let run = conformance::unique("fault");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (store, effects) = runtime.block_on(async {
-        idem::sqlx::open(&url).await.unwrap(); // migrate
+        idem::sql::open(&url).await.unwrap(); // migrate
         let store: Store = match backend {
-            "postgres" => Arc::new(idem::sqlx::PostgresStore::new(
+            "postgres" => Arc::new(idem::PostgresStore::new(
                 idem::sqlx::postgres::PgPoolOptions::new()
                     .acquire_timeout(Duration::from_secs(1))
                     .connect_lazy(&url)
                     .unwrap(),
             )),
-            _ => Arc::new(idem::sqlx::MySqlStore::new(
+            _ => Arc::new(idem::MySqlStore::new(
                 idem::sqlx::mysql::MySqlPoolOptions::new()
                     .acquire_timeout(Duration::from_secs(1))
                     .connect_lazy(&url)

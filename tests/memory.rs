@@ -8,11 +8,12 @@ conformance_suite!(async { Some(Arc::new(idem::MemoryStore::new()) as Arc<dyn id
 
 #[tokio::test]
 async fn the_sweeper_purges_in_the_background() {
-    use idem::{Claim, ClaimOutcome, IdempotencyStore, Sweeper};
+    use idem::store::{Claim, ClaimOutcome};
+    use idem::{IdempotencyStore, Sweeper};
     use std::time::Duration;
 
     let store = Arc::new(idem::MemoryStore::new());
-    let long_ago = idem::now() - Duration::from_secs(3600);
+    let long_ago = idem::store::now() - Duration::from_secs(3600);
     for i in 0..2500 {
         let key = format!("k{i}");
         let claim = Claim::new("sweep", &key, long_ago, Duration::from_secs(1), Duration::from_secs(60));
@@ -21,7 +22,7 @@ async fn the_sweeper_purges_in_the_background() {
     let live = Claim::new(
         "sweep",
         "live",
-        idem::now(),
+        idem::store::now(),
         Duration::from_secs(30),
         Duration::from_secs(60),
     );

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use conformance::faulty::{Fault, FaultyStore};
-use idem::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, Status};
+use idem::store::{Claim, ClaimOutcome, FenceCheck, Lease};
+use idem::{IdempotencyStore, Record, Status};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -315,7 +316,8 @@ impl Step<'_> {
     /// The store's answer to `op` (a claim or a holder write).
     async fn perform(&self, store: &FaultyStore, op: &Op) -> Outcome {
         let now = self.now;
-        let fenced = |answer: Result<FenceCheck, idem::StoreError>| answer.map_or(Outcome::Failed, Outcome::Fence);
+        let fenced =
+            |answer: Result<FenceCheck, idem::store::StoreError>| answer.map_or(Outcome::Failed, Outcome::Fence);
         match op {
             Op::Claim {
                 key,
@@ -516,7 +518,7 @@ fn check_sql(backend: &str) {
     check(backend, || {
         let url = url.clone();
         async move {
-            let store = idem::sqlx::open_table(&url, "idem_model").await.unwrap();
+            let store = idem::sql::open_table(&url, "idem_model").await.unwrap();
             harness::Effects::open(&url)
                 .await
                 .execute("DELETE FROM idem_model", &[])

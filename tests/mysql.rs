@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::calls::Store;
-use idem::sqlx::MySqlStore;
-use idem::{Claim, ClaimOutcome, IdempotencyStore};
+use idem::store::{Claim, ClaimOutcome};
+use idem::IdempotencyStore;
+use idem::MySqlStore;
 
 async fn open() -> Option<MySqlStore> {
     let url = conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB")?;
@@ -49,7 +50,7 @@ database_suite!();
 async fn live_lease_conflict_is_refused_despite_found_rows() {
     let Some(store) = open().await else { return };
     let biz = conformance::unique("found-rows");
-    let now = idem::now();
+    let now = idem::store::now();
     let claim = Claim::new(&biz, "k", now, Duration::from_secs(30), Duration::from_secs(60));
     let ClaimOutcome::Acquired(lease) = store.claim(&claim).await.unwrap() else {
         panic!("first claim")
@@ -83,7 +84,7 @@ async fn live_lease_conflict_is_refused_despite_found_rows() {
 async fn keys_are_exact() {
     let Some(store) = open().await else { return };
     let biz = conformance::unique("exact");
-    let now = idem::now();
+    let now = idem::store::now();
     for key in ["Key", "key", "key "] {
         let claim = Claim::new(&biz, key, now, Duration::from_secs(30), Duration::from_secs(60));
         assert!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::calls::Store;
-use idem::sqlx::PostgresStore;
+use idem::PostgresStore;
 
 async fn open() -> Option<PostgresStore> {
     let url = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;

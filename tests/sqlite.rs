@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::calls::Store;
-use idem::sqlx::SqliteStore;
+use idem::SqliteStore;
 
 fn database_url() -> String {
     let path = std::env::temp_dir().join(format!("idem-test-{}.db", std::process::id()));

@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use idem::{Claim, IdempotencyStore};
+use idem::store::Claim;
+use idem::IdempotencyStore;
 
 use super::{percentiles, Backend, Floor};
 
@@ -138,14 +139,14 @@ async fn growth_store(floor: &Floor) -> Box<dyn IdempotencyStore> {
             Box::new(store)
         }
         Floor::Postgres(store) => {
-            let store = idem::sqlx::PostgresStore::new(store.pool().clone())
+            let store = idem::PostgresStore::new(store.pool().clone())
                 .with_table_name("idem_growth")
                 .unwrap();
             store.migrate().await.unwrap();
             Box::new(store)
         }
         Floor::MySql(store) => {
-            let store = idem::sqlx::MySqlStore::new(store.pool().clone())
+            let store = idem::MySqlStore::new(store.pool().clone())
                 .with_table_name("idem_growth")
                 .unwrap();
             store.migrate().await.unwrap();
@@ -173,7 +174,7 @@ pub async fn report(backends: &[Backend]) {
             fill(floor, written, size + purged_total).await;
             written = size + purged_total;
             analyze(floor).await;
-            let now = idem::now();
+            let now = idem::store::now();
             let mut samples = Vec::new();
             for i in 0..300 {
                 let key = format!("new-{run}-{size}-{i}");

@@ -80,8 +80,8 @@ struct Backend {
 /// completion, taken from the store), bound and run by hand with sqlx on the same pool.
 enum Floor {
     Sqlite(idem::SqliteStore),
-    Postgres(idem::sqlx::PostgresStore),
-    MySql(idem::sqlx::MySqlStore),
+    Postgres(idem::PostgresStore),
+    MySql(idem::MySqlStore),
 }
 
 use idem::sqlx::types::chrono::{DateTime, Utc};
@@ -97,7 +97,7 @@ fn sqlite_text(at: SystemTime) -> String {
 impl Floor {
     async fn claim_and_record(&self, key: &str) {
         let (biz, response) = ("floor", r#"{"charge_id":1,"cents":19900}"#);
-        let now = idem::now();
+        let now = idem::store::now();
         let (lease_until, expires) = (now + Duration::from_secs(30), now + Duration::from_secs(86_400));
         let no_text: Option<&str> = None;
         let first_fence = i64::try_from(now.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap();
@@ -206,7 +206,7 @@ async fn backends() -> Vec<Backend> {
         floor: Some(floor),
     });
     if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
-        let store = idem::sqlx::PostgresStore::connect(&url).await.unwrap();
+        let store = idem::PostgresStore::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
         let floor = Floor::Postgres(store.clone());
         backends.push(Backend {
@@ -216,7 +216,7 @@ async fn backends() -> Vec<Backend> {
         });
     }
     if let Ok(url) = std::env::var("IDEM_TEST_MYSQL_URL") {
-        let store = idem::sqlx::MySqlStore::connect(&url).await.unwrap();
+        let store = idem::MySqlStore::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
         let floor = Floor::MySql(store.clone());
         backends.push(Backend {

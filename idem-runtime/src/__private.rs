@@ -196,7 +196,7 @@ impl<E> DescribeByType for Describe<'_, E> {
 }
 
 /// A duration of the attribute, checked at compile time against the rule the builder
-/// applies at run time ([`duration_problem`](crate::duration_problem)).
+/// applies at run time.
 /// The attribute evaluates it in a `const _` item, so a value out of range stops the
 /// build with `problem` (which names the option and its value).
 pub const fn check_duration_ms(ms: u64, problem: &'static str) {

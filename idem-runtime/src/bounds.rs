@@ -13,7 +13,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(MAX_DURATION_MS / 1000);
 pub const MAX_DURATION_MS: u64 = 100 * 36_525 * 864_000;
 
 /// What is wrong with `duration` as a value of `option`, if anything.
-pub fn duration_problem(option: &str, duration: Duration) -> Option<String> {
+pub(crate) fn duration_problem(option: &str, duration: Duration) -> Option<String> {
     if duration.is_zero() {
         Some(format!("`{option}` must be positive, not zero"))
     } else if duration > MAX_DURATION {

@@ -6,19 +6,22 @@ use crate::store::IdempotencyStore;
 
 static DEFAULT: RwLock<Option<Arc<dyn IdempotencyStore>>> = RwLock::new(None);
 
-/// Something [`install`] accepts: `Arc<S>` for any store `S`, or `Arc<dyn IdempotencyStore>`.
-pub trait SharedStore {
+/// Conversion into the shared store [`install`] and [`Idempotent::store`] keep:
+/// `Arc<S>` for any store `S`, or `Arc<dyn IdempotencyStore>`.
+///
+/// [`Idempotent::store`]: crate::Idempotent::store
+pub trait IntoSharedStore {
     /// The store as a trait object.
     fn into_shared(self) -> Arc<dyn IdempotencyStore>;
 }
 
-impl<S: IdempotencyStore> SharedStore for Arc<S> {
+impl<S: IdempotencyStore> IntoSharedStore for Arc<S> {
     fn into_shared(self) -> Arc<dyn IdempotencyStore> {
         self
     }
 }
 
-impl SharedStore for Arc<dyn IdempotencyStore> {
+impl IntoSharedStore for Arc<dyn IdempotencyStore> {
     fn into_shared(self) -> Arc<dyn IdempotencyStore> {
         self
     }
@@ -26,7 +29,7 @@ impl SharedStore for Arc<dyn IdempotencyStore> {
 
 /// Make `store` the default for every call that names no store, and return the one it
 /// replaces. Call it once at start-up, before serving requests.
-pub fn install(store: impl SharedStore) -> Option<Arc<dyn IdempotencyStore>> {
+pub fn install(store: impl IntoSharedStore) -> Option<Arc<dyn IdempotencyStore>> {
     let mut slot = DEFAULT.write().unwrap_or_else(|poisoned| poisoned.into_inner());
     slot.replace(store.into_shared())
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::bounds::duration_problem;
 use crate::call::Call;
-use crate::default_store::{installed, SharedStore};
+use crate::default_store::{installed, IntoSharedStore};
 use crate::error::Error;
 use crate::fingerprint::fingerprint;
 use crate::policy::{Mode, OnError};
@@ -164,7 +164,7 @@ impl Idempotent {
     }
 
     /// Use `store` instead of the installed default.
-    pub fn store(mut self, store: impl SharedStore) -> Self {
+    pub fn store(mut self, store: impl IntoSharedStore) -> Self {
         self.store = Some(store.into_shared());
         self
     }

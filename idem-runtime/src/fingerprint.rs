@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 /// The fingerprint of `payload`: lower-case hex SHA-256 of its canonical encoding (see
 /// the module docs). Fails only when the payload's own `Serialize` fails.
-pub fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, serde_content::Error> {
+pub(crate) fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, serde_content::Error> {
     let value = serde_content::Serializer::new().human_readable().serialize(payload)?;
     let mut text = String::new();
     canonical(&value, &mut text);

@@ -7,7 +7,7 @@ pub const MAX_KEY_BYTES: usize = 255;
 pub const MAX_BIZ_CHARS: usize = 64;
 
 /// Why `key` cannot be used, or `None` when it can.
-pub fn key_problem(key: &str) -> Option<String> {
+pub(crate) fn key_problem(key: &str) -> Option<String> {
     if key.is_empty() {
         return Some("the key is empty".to_owned());
     }
@@ -21,7 +21,7 @@ pub fn key_problem(key: &str) -> Option<String> {
 }
 
 /// Why `biz` cannot be used, or `None` when it can.
-pub fn biz_problem(biz: &str) -> Option<String> {
+pub(crate) fn biz_problem(biz: &str) -> Option<String> {
     let chars = biz.chars().count();
     if chars == 0 {
         return Some("the biz is empty".to_owned());

@@ -47,17 +47,16 @@ pub mod sweeper;
 #[doc(hidden)]
 pub mod __private;
 
-pub use bounds::{duration_problem, MAX_DURATION};
+pub use bounds::MAX_DURATION;
 #[cfg(feature = "cache")]
 pub use cache::CachedStore;
 pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 pub use clock::now;
 pub use context::{context, Context};
-pub use default_store::{install, installed, SharedStore};
+pub use default_store::{install, installed, IntoSharedStore};
 pub use error::{Error, StoreError};
 pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
-pub use fingerprint::fingerprint;
-pub use key::{biz_problem, key_problem, MAX_BIZ_CHARS, MAX_KEY_BYTES};
+pub use key::{MAX_BIZ_CHARS, MAX_KEY_BYTES};
 pub use memory::MemoryStore;
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};

@@ -3,7 +3,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use idem_runtime::{Claim, Lease, Record, Status, StoreError};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use idem_runtime::{Claim, Lease};
+use idem_runtime::{Record, Status, StoreError};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 /// `SystemTime` as UTC, truncated to the microseconds every column keeps.
@@ -13,6 +15,7 @@ pub(crate) fn utc(at: SystemTime) -> DateTime<Utc> {
     DateTime::<Utc>::from(truncated)
 }
 
+#[cfg(feature = "sqlite")]
 /// How SQLite stores an instant: fixed-width UTC text, so that text order is time
 /// order and an operator reads it as it is.
 pub(crate) fn sqlite_text(at: SystemTime) -> String {
@@ -87,6 +90,7 @@ where
     })
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The lease a claim statement granted, from its `fence` and `created_at` columns at
 /// `at` and `at + 1` (both NULL when it granted nothing).
 pub(crate) fn granted_lease<'r, R, Ts>(claim: &Claim<'_>, row: &'r R, at: usize) -> Result<Option<Lease>, StoreError>

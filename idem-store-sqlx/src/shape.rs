@@ -138,6 +138,7 @@ fn found(column: &Column) -> String {
 }
 
 /// The length in `varchar(64)`, if any.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(crate) fn length(declared: &str) -> Option<u64> {
     let open = declared.find('(')?;
     let close = declared[open..].find(')')? + open;
@@ -145,6 +146,7 @@ pub(crate) fn length(declared: &str) -> Option<u64> {
 }
 
 /// A `schema.table` name split into its parts.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn split_table(table: &str) -> (Option<&str>, &str) {
     match table.split_once('.') {
         Some((schema, name)) => (Some(schema), name),

@@ -45,7 +45,7 @@ impl SqliteStore {
         let shown = redacted(url);
         if !url.starts_with("sqlite:") {
             return Err(StoreError::new(format!(
-                "SqliteStore cannot connect to `{shown}`: give it a `sqlite://path` URL (idem::sqlx::open picks the \
+                "SqliteStore cannot connect to `{shown}`: give it a `sqlite://path` URL (idem::sql::open picks the \
                  store by the URL's scheme)"
             )));
         }

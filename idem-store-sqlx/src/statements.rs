@@ -3,6 +3,7 @@
 //! Every holder write names its lease the same way — `fence` and `created_at` of the
 //! record's life, while it is `PROCESSING` — so a fenced-out holder matches no row.
 
+#[cfg(any(feature = "sqlite", feature = "postgres", test))]
 use crate::table::COLUMNS;
 
 /// What differs between dialects in the statements that are otherwise shared.
@@ -74,6 +75,7 @@ impl Statements {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The claim on PostgreSQL and SQLite: insert, or take over an expired record or a
 /// lapsed lease whose fingerprint agrees, in one statement; `RETURNING` says whether
 /// (and with which fence and life) it granted. Binds: biz, key, fingerprint, request

@@ -5,6 +5,7 @@ use idem_runtime::StoreError;
 /// The table name used when none is given.
 pub const DEFAULT_TABLE: &str = "idempotent_record";
 
+#[cfg(any(feature = "sqlite", feature = "postgres", test))]
 /// Every column, in the order `SELECT` lists them and rows are decoded.
 pub(crate) const COLUMNS: &str = "biz_type, idempotent_key, status, fence, fingerprint, request_body, \
      response_body, error_message, lease_until, created_at, completed_at, expires_at";

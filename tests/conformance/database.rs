@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claim, ClaimOutcome, Error, Status};
+use idem::store::{Claim, ClaimOutcome};
+use idem::{Error, Status};
 
 use super::calls::*;
 use super::unique;
@@ -30,7 +31,7 @@ pub async fn two_stores_see_one_record(a: &Store, b: &Store) {
 /// Claimants on two pools race to take over lapsed claims: one winner per key.
 pub async fn takeover_race_has_one_winner(a: &Store, b: &Store) {
     let biz = unique("race");
-    let now = idem::now();
+    let now = idem::store::now();
     let hour = Duration::from_secs(3600);
     for i in 0..20 {
         let key = format!("k{i}");
@@ -122,7 +123,7 @@ pub async fn unreachable_database_fails_closed(store: &Store) {
 /// Leave a PROCESSING claim made two hours ago and a FAIL record; return their keys.
 pub async fn stuck_and_failed(store: &Store) -> (String, String) {
     let stuck = unique("stuck");
-    let two_hours_ago = idem::now() - Duration::from_secs(7200);
+    let two_hours_ago = idem::store::now() - Duration::from_secs(7200);
     let claim = Claim::new(
         "conformance.stuck",
         &stuck,
@@ -151,7 +152,7 @@ where
     Fut: Future<Output = ()>,
 {
     let biz = unique("purge-guard");
-    let now = idem::now();
+    let now = idem::store::now();
     let hour = Duration::from_secs(3600);
     granted(store, &biz, "running", now, hour, hour).await;
     edit("expires_at = created_at", "running".to_owned()).await;
@@ -183,7 +184,7 @@ where
         store,
         "conformance.pay",
         &key,
-        idem::now() - hour,
+        idem::store::now() - hour,
         Duration::from_secs(1),
         2 * hour,
     )
@@ -208,7 +209,7 @@ where
     Fut: Future<Output = ()>,
 {
     let (biz, key) = (unique("expired-no-lease"), unique("k"));
-    let now = idem::now();
+    let now = idem::store::now();
     let hour = Duration::from_secs(3600);
     granted(
         store,

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use idem::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
+use idem::store::{Claim, ClaimOutcome, FenceCheck, Lease, StoreError};
+use idem::{IdempotencyStore, Record};
 
 /// The store under test, shared.
 pub type Store = Arc<dyn IdempotencyStore>;

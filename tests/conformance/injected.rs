@@ -355,8 +355,8 @@ pub async fn durations_are_bounded_by_what_stores_hold(store: &Store) {
     let again: u32 = op.execute(&key, async { Ok::<_, Error>(runs.hit()) }).await.unwrap();
     assert_eq!((first, again, runs.count()), (1, 1, 1));
     let record = store.get("injected.bounds", &key).await.unwrap().unwrap();
-    assert!(record.expires_at > idem::now() + century - Duration::from_secs(3600));
-    store.purge_expired(idem::now(), 100_000).await.unwrap();
+    assert!(record.expires_at > idem::store::now() + century - Duration::from_secs(3600));
+    store.purge_expired(idem::store::now(), 100_000).await.unwrap();
     assert!(
         store.get("injected.bounds", &key).await.unwrap().is_some(),
         "a record a century ahead is not expired"

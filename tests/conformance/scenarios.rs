@@ -582,9 +582,9 @@ pub async fn undecodable_response_is_a_decode_error_and_kept(store: &Store) {
 }
 
 pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
-    use idem::{Claim, ClaimOutcome};
+    use idem::store::{Claim, ClaimOutcome};
     let biz = unique("purge");
-    let now = idem::now();
+    let now = idem::store::now();
     let hour = Duration::from_secs(3600);
     let claim_at = |key: &str, at, lease, ttl| {
         let key = key.to_owned();
@@ -601,7 +601,7 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
         let lease = claim_at(&format!("old-{i}"), now - 3 * hour, Duration::from_secs(30), hour).await;
         assert_eq!(
             store.complete(&lease, "1", now - 2 * hour, hour).await.unwrap(),
-            idem::FenceCheck::Held
+            idem::store::FenceCheck::Held
         );
     }
     // A live record, and a PROCESSING claim past its expiry whose lease still runs.
@@ -638,9 +638,9 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
 /// holder it took over from (renew, complete, fail, release) is refused and changes
 /// nothing.
 pub async fn stale_lease_writes_nothing_while_the_new_holder_runs(store: &Store) {
-    use idem::{Claim, ClaimOutcome, FenceCheck};
+    use idem::store::{Claim, ClaimOutcome, FenceCheck};
     let (biz, key) = (unique("stale-store"), unique("k"));
-    let now = idem::now();
+    let now = idem::store::now();
     let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
     let acquired = |outcome| match outcome {
         ClaimOutcome::Acquired(lease) => lease,
@@ -681,7 +681,7 @@ pub async fn effect_keys_and_fences_follow_the_life_of_a_key(store: &Store) {
     tokio::time::sleep(Duration::from_millis(400)).await; // its lease lapses
     send_sms(store, &key, &seen, NO_DELAY).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await; // the record expires ...
-    while store.purge_expired(idem::now(), 1000).await.unwrap() > 0 {} // ... and is purged
+    while store.purge_expired(idem::store::now(), 1000).await.unwrap() > 0 {} // ... and is purged
     assert_eq!(record(store, "conformance.effects", &key).await, None);
     send_sms(store, &key, &seen, NO_DELAY).await.unwrap();
     let seen = seen.into_inner().unwrap();
@@ -700,9 +700,9 @@ pub async fn effect_keys_and_fences_follow_the_life_of_a_key(store: &Store) {
 /// A lapsed claim is taken over only by a call whose payload agrees: another payload
 /// gets the record (and `PayloadMismatch` through the executor), never the key.
 pub async fn lapsed_claim_is_not_taken_over_by_another_payload(store: &Store) {
-    use idem::{Claim, ClaimOutcome};
+    use idem::store::{Claim, ClaimOutcome};
     let (biz, key) = (unique("lapsed-payload"), unique("k"));
-    let now = idem::now();
+    let now = idem::store::now();
     let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
     let first = Claim::new(&biz, &key, now - hour, second, 2 * hour).with_fingerprint(Some("f1"));
     assert!(matches!(store.claim(&first).await.unwrap(), ClaimOutcome::Acquired(_)));
