@@ -47,10 +47,14 @@ async fn response_that_does_not_serialize(store: &Store) {
     let (key, runs) = (conformance::unique("unencodable"), AtomicU32::new(0));
     let error = unwrap_idem(unencodable(store, &key, &runs).await);
     assert!(matches!(&error, Error::Encode { what: "response", .. }), "{error:?}");
-    let message = error.to_string();
+    let message = conformance::chain(&error);
     assert!(
         message.contains("response") && message.contains(&key) && message.contains("key must be a string"),
         "{message}"
+    );
+    assert!(
+        !error.to_string().contains("key must be a string"),
+        "the cause is the source, not repeated in the message: {error}"
     );
     let record = store.get("bad", &key).await.unwrap().unwrap();
     assert_eq!(record.status, Status::Failed, "recorded, so the body is not run again");

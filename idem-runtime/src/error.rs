@@ -4,6 +4,11 @@ use std::error::Error as StdError;
 
 /// Why an idempotent call did not run its body, or could not record its outcome.
 ///
+/// `Display` says what failed, in one line; the cause (the store's error, serde's)
+/// is the error's [`source`](std::error::Error::source), not repeated in the message,
+/// so an error reporter that walks the chain (`anyhow`'s `{:#}`, `tracing`'s error
+/// fields) prints each cause once.
+///
 /// Every variant that concerns one record names its `biz` and `key`, so a log line is
 /// enough to find the row in the `idempotent_record` table. The enum is
 /// non-exhaustive: match the variants you act on and keep a fallback arm.
@@ -106,7 +111,7 @@ pub enum Error {
     },
     /// The store could not be reached or answered with an error. If this happened on
     /// claim, the body did not run (fail closed).
-    #[error("store failed to {operation} biz `{biz}` key `{key}`: {source}")]
+    #[error("store failed to {operation} biz `{biz}` key `{key}`")]
     Store {
         /// Business namespace.
         biz: String,
@@ -119,7 +124,7 @@ pub enum Error {
         source: StoreError,
     },
     /// The payload or the body's `Ok` value could not be serialized to JSON.
-    #[error("could not encode the {what} of biz `{biz}` key `{key}`: {source}")]
+    #[error("could not encode the {what} of biz `{biz}` key `{key}`")]
     Encode {
         /// Business namespace.
         biz: String,
@@ -127,13 +132,13 @@ pub enum Error {
         key: String,
         /// `payload` or `response`.
         what: &'static str,
-        /// The serializer's error.
+        /// Why: the serializer's own error, or why the value would not replay equal.
         #[source]
-        source: serde_json::Error,
+        source: std::sync::Arc<dyn StdError + Send + Sync + 'static>,
     },
     /// The stored response no longer deserializes into the function's `Ok` type (the
     /// type changed between deploys, or the row was edited). The record is kept.
-    #[error("could not decode the stored response of biz `{biz}` key `{key}`: {source}")]
+    #[error("could not decode the stored response of biz `{biz}` key `{key}`")]
     Decode {
         /// Business namespace.
         biz: String,

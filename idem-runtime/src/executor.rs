@@ -54,7 +54,7 @@ pub struct Idempotent {
     pub(crate) on_error: OnError,
     pub(crate) wait: Option<Duration>,
     /// The payload, or why it could not be fingerprinted (reported at execute).
-    pub(crate) payload: Option<Result<Payload, String>>,
+    pub(crate) payload: Option<Result<Payload, Arc<dyn std::error::Error + Send + Sync>>>,
     /// The first option given an out-of-range value (reported at execute).
     pub(crate) invalid: Option<(&'static str, String)>,
     store: Option<Arc<dyn IdempotencyStore>>,
@@ -151,7 +151,7 @@ impl Idempotent {
                     .ok()
                     .filter(|json| json.len() <= MAX_REQUEST_BODY),
             }),
-            Err(error) => Err(error.to_string()),
+            Err(error) => Err(Arc::new(error)),
         });
         self
     }

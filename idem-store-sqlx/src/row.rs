@@ -62,7 +62,7 @@ where
     Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
 {
     let identity = |e: sqlx::Error| {
-        StoreError::with_source(format!("a record's biz_type or idempotent_key is unreadable: {e}"), e)
+        StoreError::with_source("a record's biz_type or idempotent_key is unreadable", e)
     };
     let biz: String = row.try_get(0).map_err(identity)?;
     let key: String = row.try_get(1).map_err(identity)?;
@@ -131,7 +131,7 @@ pub(crate) fn redacted(url: &str) -> String {
 
 /// A driver error as the backend-independent [`StoreError`].
 pub(crate) fn driver_error(operation: &str, error: sqlx::Error) -> StoreError {
-    StoreError::with_source(format!("{operation} failed: {error}"), error)
+    StoreError::with_source(format!("{operation} failed"), error)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ mod outcome;
 
 use std::sync::Arc;
 
-use serde::de::{DeserializeOwned, Error as _};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::context::{inside, Context, LeaseSignal};
@@ -72,11 +72,11 @@ impl Call<'_> {
         match &self.op.payload {
             None => Ok(None),
             Some(Ok(payload)) => Ok(Some(&payload.fingerprint)),
-            Some(Err(message)) => Err(self.error(|biz, key| Error::Encode {
+            Some(Err(source)) => Err(self.error(|biz, key| Error::Encode {
                 biz,
                 key,
                 what: "payload",
-                source: serde_json::Error::custom(message),
+                source: source.clone(),
             })),
         }
     }

@@ -225,7 +225,7 @@ impl Call<'_> {
                             biz,
                             key,
                             what: "response",
-                            source,
+                            source: std::sync::Arc::new(source),
                         })
                         .into())
                 }
