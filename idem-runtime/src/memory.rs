@@ -15,6 +15,16 @@ use crate::store::IdempotencyStore;
 /// instead of allocating a `(String, String)` to search with.
 type Shelves = HashMap<String, HashMap<String, Record>>;
 
+/// The fewest claims between two sweeps of expired records.
+const SWEEP_EVERY: usize = 1024;
+
+/// The records, and how many claims were granted since expired ones were swept out.
+#[derive(Debug, Default)]
+struct Shelf {
+    shelves: Shelves,
+    claims_since_sweep: usize,
+}
+
 /// Records kept in a map behind a mutex, in this process only.
 ///
 /// A real store, not a test double: every operation is atomic under the lock and
@@ -22,10 +32,15 @@ type Shelves = HashMap<String, HashMap<String, Record>>;
 /// tests and benchmarks. Records are lost when the process ends; use a database store
 /// where retries may reach another process or outlive a restart.
 ///
+/// It does not grow without bound: claims sweep out expired records as they go (after
+/// at least 1,024 claims, and at least half as many claims as there are records, so a
+/// sweep costs each claim O(1) on average). No sweeper task is needed; memory holds the
+/// records live within their `ttl` (or `lease`), and at most about as many again.
+///
 /// Cloning it is cheap: a clone is another handle on the same records.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryStore {
-    shelves: Arc<Mutex<Shelves>>,
+    shelves: Arc<Mutex<Shelf>>,
 }
 
 impl MemoryStore {
@@ -34,9 +49,9 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// How many records the store holds, expired ones included.
+    /// How many records the store holds, expired ones not yet swept out included.
     pub fn len(&self) -> usize {
-        self.lock().values().map(HashMap::len).sum()
+        count(&self.lock().shelves)
     }
 
     /// Whether the store holds no record.
@@ -44,7 +59,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, Shelves> {
+    fn lock(&self) -> MutexGuard<'_, Shelf> {
         // A panic while holding the lock cannot leave a record half-written: every
         // mutation below is a single assignment, so the map is usable after poisoning.
         self.shelves.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -53,7 +68,11 @@ impl MemoryStore {
     /// Apply `write` to the record held under `lease`, if it is still held.
     fn write_held(&self, lease: &Lease, write: impl FnOnce(&mut Record)) -> FenceCheck {
         let mut shelves = self.lock();
-        match shelves.get_mut(&lease.biz).and_then(|shelf| shelf.get_mut(&lease.key)) {
+        match shelves
+            .shelves
+            .get_mut(&lease.biz)
+            .and_then(|shelf| shelf.get_mut(&lease.key))
+        {
             Some(record) if lease.holds(record) => {
                 write(record);
                 FenceCheck::Held
@@ -66,7 +85,9 @@ impl MemoryStore {
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut shelves = self.lock();
+        let mut guard = self.lock();
+        guard.sweep_if_due(claim.now);
+        let shelves = &mut guard.shelves;
         let existing = shelves.get(claim.biz).and_then(|shelf| shelf.get(claim.key));
         if let Some(record) = existing.filter(|record| !claim.admits(record)) {
             return Ok(ClaimOutcome::Existing(record.clone()));
@@ -123,7 +144,7 @@ impl IdempotencyStore for MemoryStore {
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
         let mut shelves = self.lock();
-        let Some(shelf) = shelves.get_mut(&lease.biz) else {
+        let Some(shelf) = shelves.shelves.get_mut(&lease.biz) else {
             return Ok(FenceCheck::Lost);
         };
         match shelf.get(&lease.key) {
@@ -136,11 +157,12 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().get(biz).and_then(|shelf| shelf.get(key)).cloned())
+        Ok(self.lock().shelves.get(biz).and_then(|shelf| shelf.get(key)).cloned())
     }
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let mut shelves = self.lock();
+        let mut guard = self.lock();
+        let shelves = &mut guard.shelves;
         let mut left = usize::try_from(limit).unwrap_or(usize::MAX);
         let mut purged = 0;
         for shelf in shelves.values_mut() {
@@ -164,7 +186,27 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
-/// Expired, and not a `Processing` claim whose lease still runs (DESIGN §3, scenario 25).
+fn count(shelves: &Shelves) -> usize {
+    shelves.values().map(HashMap::len).sum()
+}
+
+impl Shelf {
+    /// Sweep out every purgeable record once enough claims were granted since the last
+    /// sweep: at least [`SWEEP_EVERY`], and at least half the records held.
+    fn sweep_if_due(&mut self, now: SystemTime) {
+        self.claims_since_sweep += 1;
+        if self.claims_since_sweep < SWEEP_EVERY || self.claims_since_sweep < count(&self.shelves) / 2 {
+            return;
+        }
+        self.claims_since_sweep = 0;
+        for shelf in self.shelves.values_mut() {
+            shelf.retain(|_, record| !purgeable(record, now));
+        }
+        self.shelves.retain(|_, shelf| !shelf.is_empty());
+    }
+}
+
+/// Expired, and not a `Processing` claim whose lease still runs (scenario 25).
 pub(crate) fn purgeable(record: &Record, now: SystemTime) -> bool {
     record.is_expired(now) && (record.status != Status::Processing || record.lease_lapsed(now))
 }
@@ -172,6 +214,26 @@ pub(crate) fn purgeable(record: &Record, now: SystemTime) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A long run of short-lived calls: the store holds the live records and the
+    /// expired ones of at most one sweep interval, not every record ever claimed.
+    #[tokio::test]
+    async fn memory_stays_flat_over_a_long_run_of_short_ttl_calls() {
+        let store = MemoryStore::new();
+        let op = crate::Idempotent::new("flat")
+            .ttl(Duration::from_millis(1))
+            .lease(Duration::from_millis(1))
+            .store(Arc::new(store.clone()));
+        let mut most = 0;
+        for i in 0..50_000u32 {
+            let _: u32 = op.execute(i, async move { Ok::<_, crate::Error>(i) }).await.unwrap();
+            if i % 100 == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await; // let the early ones expire
+            }
+            most = most.max(store.len());
+        }
+        assert!(most <= 4 * SWEEP_EVERY, "at most {most} records held over 50,000 calls");
+    }
 
     /// The row the purge guard is for: expired, yet `Processing` under a running lease.
     /// The executor never leaves one (a claim's expiry is never before its lease ends), so
@@ -188,6 +250,7 @@ mod tests {
             record.expires_at = now - hour;
             store
                 .lock()
+                .shelves
                 .entry("purge".into())
                 .or_default()
                 .insert(key.into(), record);

@@ -61,9 +61,7 @@ where
     Ts: Stamp + Decode<'r, R::Database> + Type<R::Database>,
     Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
 {
-    let identity = |e: sqlx::Error| {
-        StoreError::with_source("a record's biz_type or idempotent_key is unreadable", e)
-    };
+    let identity = |e: sqlx::Error| StoreError::with_source("a record's biz_type or idempotent_key is unreadable", e);
     let biz: String = row.try_get(0).map_err(identity)?;
     let key: String = row.try_get(1).map_err(identity)?;
     let unreadable =
