@@ -130,6 +130,160 @@
 //! come from the caller's clock (hosts must keep their clocks in sync to well within a
 //! lease).
 
+//! # In an axum handler
+//!
+//! Put the attribute on the service method, whose `Ok` type is plain data, and let the
+//! handler turn it into a response: the replayed value is the data, not the response.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{extract::State, http::StatusCode, response::IntoResponse, routing::post, Json, Router};
+//! use idem::{idempotent, MemoryStore};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Clone, Serialize, Deserialize)]
+//! struct PayRequest { request_id: String, cents: u64 }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Receipt { charged_cents: u64 }
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum PayError {
+//!     #[error(transparent)]
+//!     Idem(#[from] idem::Error),
+//! }
+//!
+//! impl IntoResponse for PayError {
+//!     fn into_response(self) -> axum::response::Response {
+//!         let status = match &self {
+//!             PayError::Idem(idem::Error::InProgress { .. }) => StatusCode::CONFLICT,
+//!             PayError::Idem(idem::Error::PayloadMismatch { .. }) => StatusCode::UNPROCESSABLE_ENTITY,
+//!             PayError::Idem(_) => StatusCode::SERVICE_UNAVAILABLE,
+//!         };
+//!         (status, self.to_string()).into_response()
+//!     }
+//! }
+//!
+//! struct Payments { store: Arc<MemoryStore> }
+//!
+//! impl Payments {
+//!     #[idempotent(key = "req.request_id", biz = "pay", payload = "req", store = "self.store")]
+//!     async fn pay(&self, req: PayRequest) -> Result<Receipt, PayError> {
+//!         Ok(Receipt { charged_cents: req.cents })
+//!     }
+//! }
+//!
+//! async fn pay(State(payments): State<Arc<Payments>>, Json(req): Json<PayRequest>) -> Result<Json<Receipt>, PayError> {
+//!     payments.pay(req).await.map(Json)
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/pay", post(pay))
+//!     .with_state(Arc::new(Payments { store: Arc::new(MemoryStore::new()) }));
+//! # let _ = app;
+//! ```
+//!
+//! Where the handler itself must carry the attribute, return a `#[serde(transparent)]`
+//! newtype that is both replayable and a response (`impl IntoResponse for Paid { … Json(self.0) … }`).
+//! `axum::Json<T>` itself cannot be the `Ok` type: it does not deserialize.
+//!
+//! # Implementing a store
+//!
+//! A store keeps one record per `(biz, key)` and applies the claim rule atomically; the
+//! rule itself is written once, in [`store::Claim::admits`] and [`store::Claim::granted`],
+//! and every holder write checks [`store::Lease::holds`]. A store must be `Clone` (a
+//! cheap handle) to be passed as `store = &s`, so a finished call can be recorded after
+//! its caller is gone; `Arc<YourStore>` works either way. Here, a complete one over a
+//! mutex-guarded map:
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, Mutex};
+//! use std::time::{Duration, SystemTime};
+//!
+//! use idem::store::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, Status, StoreError};
+//!
+//! #[derive(Debug, Clone, Default)]
+//! struct MapStore(Arc<Mutex<HashMap<(String, String), Record>>>);
+//!
+//! impl MapStore {
+//!     fn write(&self, lease: &Lease, change: impl FnOnce(&mut Record)) -> FenceCheck {
+//!         let mut map = self.0.lock().unwrap();
+//!         match map.get_mut(&(lease.biz.clone(), lease.key.clone())) {
+//!             Some(record) if lease.holds(record) => { change(record); FenceCheck::Held }
+//!             _ => FenceCheck::Lost,
+//!         }
+//!     }
+//! }
+//!
+//! #[async_trait::async_trait]
+//! impl IdempotencyStore for MapStore {
+//!     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+//!         let mut map = self.0.lock().unwrap();
+//!         let slot = (claim.biz.to_owned(), claim.key.to_owned());
+//!         match map.get(&slot) {
+//!             Some(existing) if !claim.admits(existing) => Ok(ClaimOutcome::Existing(existing.clone())),
+//!             existing => {
+//!                 let record = claim.granted(existing);
+//!                 let lease = Lease::of(&record);
+//!                 map.insert(slot, record);
+//!                 Ok(ClaimOutcome::Acquired(lease))
+//!             }
+//!         }
+//!     }
+//!     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+//!         Ok(self.write(lease, |r| {
+//!             r.lease_until = Some(now + lease_for);
+//!             r.expires_at = r.expires_at.max(now + lease_for);
+//!         }))
+//!     }
+//!     async fn complete(&self, lease: &Lease, response: &str, now: SystemTime, ttl: Duration) -> Result<FenceCheck, StoreError> {
+//!         Ok(self.write(lease, |r| {
+//!             (r.status, r.response_body) = (Status::Succeeded, Some(response.to_owned()));
+//!             (r.lease_until, r.completed_at, r.expires_at) = (Some(now), Some(now), now + ttl);
+//!         }))
+//!     }
+//!     async fn fail(&self, lease: &Lease, message: &str, now: SystemTime, ttl: Duration) -> Result<FenceCheck, StoreError> {
+//!         Ok(self.write(lease, |r| {
+//!             (r.status, r.error_message) = (Status::Failed, Some(message.to_owned()));
+//!             (r.lease_until, r.completed_at, r.expires_at) = (Some(now), Some(now), now + ttl);
+//!         }))
+//!     }
+//!     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+//!         let mut map = self.0.lock().unwrap();
+//!         let slot = (lease.biz.clone(), lease.key.clone());
+//!         match map.get(&slot) {
+//!             Some(record) if lease.holds(record) => { map.remove(&slot); Ok(FenceCheck::Held) }
+//!             _ => Ok(FenceCheck::Lost),
+//!         }
+//!     }
+//!     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+//!         Ok(self.0.lock().unwrap().get(&(biz.to_owned(), key.to_owned())).cloned())
+//!     }
+//!     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+//!         let mut map = self.0.lock().unwrap();
+//!         let doomed: Vec<_> = map.iter()
+//!             .filter(|(_, r)| r.is_expired(now) && (r.status != Status::Processing || r.lease_lapsed(now)))
+//!             .map(|(slot, _)| slot.clone())
+//!             .take(limit as usize)
+//!             .collect();
+//!         for slot in &doomed { map.remove(slot); }
+//!         Ok(doomed.len() as u64)
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem::Error> {
+//! let store = MapStore::default();
+//! let pay = idem::Idempotent::new("pay").store(Arc::new(store.clone()));
+//! let first: u32 = pay.execute("k", async { Ok::<_, idem::Error>(1) }).await?;
+//! let again: u32 = pay.execute("k", async { Ok::<_, idem::Error>(2) }).await?;
+//! assert_eq!((first, again), (1, 1));
+//! # Ok(()) }
+//! ```
+//!
+//! The conformance suite in this crate's repository (`tests/conformance`) runs every
+//! scenario against a store; point it at yours.
+//!
 //! # Stores and features
 //!
 //! [`MemoryStore`] is always there. Cargo features add the database stores, each

@@ -152,3 +152,34 @@ async fn the_builder_is_the_same_operation() {
         .unwrap_err();
     assert!(error.to_string().contains("biz is empty"), "{error}");
 }
+
+/// Every expression option read from a string literal: `payload = "req"` fingerprints
+/// the value of `req` (not the text), `store = "store"` is the store.
+#[idempotent(key = "req.request_id", biz = "shapes.strings", payload = "req", store = "store")]
+async fn strings(store: &MemoryStore, req: Req, runs: &AtomicU32) -> Result<u64, AppError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(req.cents)
+}
+
+#[tokio::test]
+async fn string_literals_are_expressions_for_every_option() {
+    let (store, runs) = (MemoryStore::new(), AtomicU32::new(0));
+    let req = |cents| Req {
+        request_id: "r-1".into(),
+        cents,
+    };
+    assert_eq!(strings(&store, req(100), &runs).await.unwrap(), 100);
+    assert_eq!(
+        strings(&store, req(100), &runs).await.unwrap(),
+        100,
+        "the same payload replays"
+    );
+    let error = strings(&store, req(200), &runs).await.unwrap_err();
+    assert!(
+        matches!(error, AppError::Idem(idem::Error::PayloadMismatch { .. })),
+        "another payload is told apart, so the value was fingerprinted: {error:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let record = store.get("shapes.strings", "r-1").await.unwrap().unwrap();
+    assert!(record.request_body.unwrap().contains("\"cents\":100"));
+}

@@ -95,15 +95,21 @@ struct Builder {
 impl Builder {
     fn set(&mut self, name: &str, value: Expr) -> syn::Result<()> {
         match name {
-            "key" => self.key = Some(key_expr(value)?),
+            "key" => self.key = Some(expression("key", value, KEY_HINT)?),
             "biz" => self.biz = Some(biz(value)?),
             "ttl" => self.ttl = Some(duration("ttl", &value)?),
             "lease" => self.lease = Some(duration("lease", &value)?),
             "wait" => self.wait = Some(duration("wait", &value)?),
             "mode" => self.mode = Some(variant("mode", &value, &["ReturnFirst", "Reject"])?),
             "on_error" => self.on_error = Some(variant("on_error", &value, &["Release", "Record"])?),
-            "payload" => self.payload = Some(value),
-            "store" => self.store = Some(value),
+            "payload" => self.payload = Some(expression("payload", value, "the request, such as \"req\"")?),
+            "store" => {
+                self.store = Some(expression(
+                    "store",
+                    value,
+                    "a store, such as \"self.store\" or \"&store\"",
+                )?)
+            }
             _ => self.krate = Some(crate_path(value)?),
         }
         Ok(())
@@ -158,25 +164,32 @@ fn string_literal(value: &Expr) -> Option<&LitStr> {
     }
 }
 
-/// `key = "req.id"` is parsed as the expression inside the string; `key = req.id` is
-/// taken as written.
-fn key_expr(value: Expr) -> syn::Result<Expr> {
+/// Every option that takes an expression reads a string literal as the expression it
+/// contains (`key = "req.id"`, `payload = "req"`, `store = "self.store"`, as Java's SpEL
+/// does), spanned on the literal; a bare expression is taken as written.
+fn expression(name: &str, value: Expr, hint: &str) -> syn::Result<Expr> {
     let Some(lit) = string_literal(&value) else {
         return Ok(value);
     };
     if lit.value().trim().is_empty() {
         return Err(syn::Error::new(
             lit.span(),
-            "`key` is empty: give the expression of the key, e.g. `key = \"req.request_id\"`",
+            format!("`{name}` is empty: give the expression of {hint}"),
         ));
     }
     lit.parse::<Expr>().map_err(|e| {
         syn::Error::new(
             lit.span(),
-            format!("`key = {:?}` is not a Rust expression ({e}); write a field path such as \"req.request_id\" or a `format!(..)` call", lit.value()),
+            format!(
+                "`{name} = {:?}` is not a Rust expression ({e}); write {hint}",
+                lit.value()
+            ),
         )
     })
 }
+
+/// What a key expression looks like.
+const KEY_HINT: &str = "a field path such as \"req.request_id\" or a `format!(..)` call";
 
 fn biz(value: Expr) -> syn::Result<LitStr> {
     let Some(lit) = string_literal(&value) else {

@@ -77,7 +77,7 @@ impl<'a> Claim<'a> {
         self.now + self.ttl.max(self.lease)
     }
 
-    /// The rule of DESIGN §3.2: may this claim take `existing`?
+    /// The claim rule: may this claim take `existing`?
     ///
     /// Yes when the record expired, or when it is `Processing` with a lapsed lease and
     /// the payloads do not contradict each other (a takeover). Never for a finished

@@ -175,7 +175,7 @@ impl Idempotent {
     }
 
     /// Run `body` at most once for `key` on this operation's store (or the installed
-    /// one): claim, execute, record — or replay, reject, wait, as DESIGN §3 says.
+    /// one): claim, execute, record — or replay, reject, wait, as the crate docs say.
     pub async fn execute<T, E, F>(&self, key: impl Display, body: F) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,

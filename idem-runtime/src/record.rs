@@ -50,7 +50,7 @@ impl FromStr for Status {
     }
 }
 
-/// A record as a store keeps it; the columns of DESIGN §5.
+/// A record as a store keeps it: one row of the `idempotent_record` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// Business namespace (`biz_type`).

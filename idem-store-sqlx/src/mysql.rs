@@ -47,7 +47,7 @@ pub struct MySqlStore {
 const SELECT_COLUMNS: &str = "CONVERT(biz_type USING utf8mb4), CONVERT(idempotent_key USING utf8mb4), status, fence, \
      fingerprint, request_body, response_body, error_message, lease_until, created_at, completed_at, expires_at";
 
-/// The grant condition of DESIGN §3.2 over the row's current values; `VALUES(created_at)`
+/// The claim rule over the row's current values; `VALUES(created_at)`
 /// is the claim's `now`.
 const GRANTED: &str = "(expires_at <= VALUES(created_at) OR (status = 'PROCESSING' \
      AND lease_until <= VALUES(created_at) AND (fingerprint IS NULL OR VALUES(fingerprint) IS NULL \

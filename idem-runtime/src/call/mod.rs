@@ -47,7 +47,7 @@ impl Call<'_> {
         self.record(lease, outcome, describe).await
     }
 
-    /// Step 1 of DESIGN §3, before anything touches the store: the options, the biz, the
+    /// Before anything touches the store: the options, the biz, the
     /// key, the payload fingerprint, and a call for the key whose body is running here.
     fn check_input(&self) -> Result<Option<&str>, Error> {
         if let Some((option, reason)) = &self.op.invalid {

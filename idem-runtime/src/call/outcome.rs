@@ -199,7 +199,7 @@ impl Drop for Recording<'_> {
 }
 
 impl Call<'_> {
-    /// Step 4 of DESIGN §3: record the outcome, then hand the caller its result. An `Ok`
+    /// Record the outcome, then hand the caller its result. An `Ok`
     /// value that would not replay equal is recorded `FAIL` (the body ran; it must not
     /// run again) and the caller gets [`Error::Encode`].
     pub(super) async fn record<T, E>(&self, lease: Lease, outcome: Result<T, E>, describe: Describe<E>) -> Result<T, E>
