@@ -100,8 +100,8 @@ impl Builder {
             "ttl" => self.ttl = Some(duration("ttl", &value)?),
             "lease" => self.lease = Some(duration("lease", &value)?),
             "wait" => self.wait = Some(duration("wait", &value)?),
-            "mode" => self.mode = Some(variant("mode", &value, &["ReturnFirst", "Reject"])?),
-            "on_error" => self.on_error = Some(variant("on_error", &value, &["Release", "Record"])?),
+            "mode" => self.mode = Some(variant("mode", "Mode", &value, &["ReturnFirst", "Reject"])?),
+            "on_error" => self.on_error = Some(variant("on_error", "OnError", &value, &["Release", "Record"])?),
             "payload" => self.payload = Some(expression("payload", value, "the request, such as \"req\"")?),
             "store" => {
                 self.store = Some(expression(
@@ -234,8 +234,9 @@ fn duration(name: &str, value: &Expr) -> syn::Result<Millis> {
     }
 }
 
-/// `mode = ReturnFirst` (or `Mode::ReturnFirst`): one of `allowed`, by its last segment.
-fn variant(name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
+/// `mode = ReturnFirst` (or `Mode::ReturnFirst`, `idem::Mode::ReturnFirst`): one of
+/// `allowed`, of the enum `enum_name` when a path names it.
+fn variant(name: &str, enum_name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
     let expected = allowed
         .iter()
         .map(|v| format!("`{v}`"))
@@ -248,6 +249,19 @@ fn variant(name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
     let Some(ident) = ident else {
         return Err(syn::Error::new(value.span(), format!("`{name}` must be {expected}")));
     };
+    if let Expr::Path(path) = value {
+        let segments = &path.path.segments;
+        if let Some(owner) = segments.len().checked_sub(2).map(|at| &segments[at].ident) {
+            if owner != enum_name {
+                return Err(syn::Error::new(
+                    owner.span(),
+                    format!(
+                        "`{name}` takes a variant of `idem::{enum_name}`, not of `{owner}`: write `{name} = {ident}`"
+                    ),
+                ));
+            }
+        }
+    }
     if allowed.iter().any(|v| ident == v) {
         return Ok(ident);
     }
@@ -284,6 +298,14 @@ mod tests {
             Ok(_) => panic!("expected an error"),
             Err(error) => error.to_string(),
         }
+    }
+
+    #[test]
+    fn a_variant_of_another_enum_is_refused() {
+        let error = error_of(quote!(key = "a", biz = "b", mode = idem::OnError::Reject));
+        assert!(error.contains("variant of `idem::Mode`, not of `OnError`"), "{error}");
+        assert!(Args::parse(quote!(key = "a", biz = "b", mode = idem::Mode::Reject)).is_ok());
+        assert!(Args::parse(quote!(key = "a", biz = "b", on_error = OnError::Record)).is_ok());
     }
 
     #[test]

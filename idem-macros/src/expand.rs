@@ -3,31 +3,20 @@
 use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
-use syn::{ItemFn, ReturnType};
+use syn::ReturnType;
 
 use crate::args::{Args, Millis};
-
-/// Check that `item` can be made idempotent.
-pub fn check_fn(item: &ItemFn) -> syn::Result<()> {
-    let sig = &item.sig;
-    if let Some(constness) = sig.constness {
-        return Err(syn::Error::new(
-            constness.span,
-            "`#[idempotent]` cannot be used on a `const fn`: it claims a key in a store at run time",
-        ));
-    }
-    if sig.asyncness.is_none() {
-        return Err(syn::Error::new(
-            sig.fn_token.span,
-            "`#[idempotent]` works on `async fn` only: write `async fn` (the claim and the record are awaited)",
-        ));
-    }
-    Ok(())
-}
+use crate::item::IdempotentFn;
 
 /// The fn with its body replaced by claim → execute → record.
-pub fn expand(args: Args, item: ItemFn) -> TokenStream {
-    let ItemFn { attrs, vis, sig, block } = item;
+pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
+    let IdempotentFn {
+        attrs,
+        vis,
+        sig,
+        inner_attrs,
+        statements: block,
+    } = item;
     let krate = args
         .krate
         .map_or_else(|| quote!(::idem), |path| path.into_token_stream());
@@ -120,7 +109,7 @@ pub fn expand(args: Args, item: ItemFn) -> TokenStream {
     };
     // The fn's braces are spanned on the return type too: rustc reports the bounds of
     // the awaited future at the body, and they belong to the return type.
-    let body = quote_spanned!(ret_span=> { #statements });
+    let body = quote_spanned!(ret_span=> { #inner_attrs #statements });
     quote!(#(#attrs)* #vis #sig #body)
 }
 
@@ -149,7 +138,7 @@ mod tests {
     #[test]
     fn keeps_the_signature_and_claims_before_the_body() {
         let args = Args::parse(quote!(key = "req.id", biz = "pay", ttl = "1h")).unwrap();
-        let item: ItemFn = syn::parse2(quote!(
+        let item: IdempotentFn = syn::parse2(quote!(
             pub async fn pay(&self, req: Req) -> Result<u32, E> {
                 Ok(req.amount)
             }
@@ -162,23 +151,5 @@ mod tests {
         assert!(key_at < body_at);
         assert!(out.contains("check_duration_ms (3600000u64 , \"`ttl` is out of range"));
         assert!(out.contains("Duration :: from_millis (3600000u64)"));
-    }
-
-    #[test]
-    fn refuses_sync_and_const_fns() {
-        let sync: ItemFn = syn::parse2(quote!(
-            fn f() -> Result<(), E> {
-                Ok(())
-            }
-        ))
-        .unwrap();
-        assert!(check_fn(&sync).unwrap_err().to_string().contains("`async fn` only"));
-        let konst: ItemFn = syn::parse2(quote!(
-            const fn f() -> Result<(), E> {
-                Ok(())
-            }
-        ))
-        .unwrap();
-        assert!(check_fn(&konst).unwrap_err().to_string().contains("`const fn`"));
     }
 }

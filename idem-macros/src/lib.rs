@@ -10,21 +10,59 @@ use proc_macro::TokenStream;
 mod args;
 mod duration;
 mod expand;
+mod item;
 
-/// Make an `async fn` idempotent: claim the key, run the body once, record the result.
+/// Make an `async fn` idempotent: claim the key, run the body once, record the result;
+/// a duplicate gets the first result replayed (or a clear error).
 ///
 /// ```ignore
 /// #[idempotent(key = "req.request_id", biz = "pay", ttl = "24h", mode = ReturnFirst)]
 /// async fn pay(&self, req: PayRequest) -> Result<Receipt, PayError> { ... }
 /// ```
 ///
-/// See the `idem` crate docs for the options and their semantics.
+/// The fn must be `async` and return `Result<T, E>`, with `T: Serialize +
+/// DeserializeOwned` (the value replayed to duplicates, which must read back equal)
+/// and `E: From<idem::Error>`. Methods (`&self`, `&mut self`), generics, `impl Trait`
+/// and patterns in parameters work.
+///
+/// # Options
+///
+/// Options that take an expression read a string literal as the expression it holds:
+/// `key = "req.id"` and `key = req.id` are the same.
+///
+/// - `key` (required): an expression over the parameters (and `self`), evaluated once by
+///   reference before the body; its value must implement `Display`. Non-empty, at most
+///   255 bytes, no control characters. `key = format!("{}:{}", user, order)`.
+/// - `biz` (required): a string literal of 1 to 64 characters, the business namespace;
+///   `(biz, key)` is unique. `biz = "pay"`.
+/// - `ttl` (default `"24h"`): how long a finished record answers duplicates, counted
+///   from completion. A duration string of `ms`, `s`, `m`, `h`, `d` parts: `"1h30m"`.
+///   Positive, at most 100 years.
+/// - `mode` (default `ReturnFirst`): a duplicate of a finished call gets the first `Ok`
+///   value (`ReturnFirst`) or `idem::Error::Duplicate` (`Reject`).
+/// - `lease` (default `"30s"`): how long a running claim is respected; a heartbeat renews
+///   it while the body runs, and after a crash it lapses so a retry takes over.
+/// - `on_error` (default `Release`): the body returned `Err`: delete the claim so a retry
+///   runs again (`Release`), or record FAIL with the error's text so duplicates get
+///   `idem::Error::PreviousFailed` until `ttl` (`Record`).
+/// - `wait` (default: none): a duplicate that finds the first call running waits up to
+///   this long for its result instead of failing with `idem::Error::InProgress`.
+/// - `payload` (default: none): an expression whose value is `Serialize`; its fingerprint
+///   is stored, and the same key with another payload fails with
+///   `idem::Error::PayloadMismatch`. `payload = "req"`.
+/// - `store` (default: the store given to `idem::install`): `&S` for a `Clone` store,
+///   `Arc<S>` or `Arc<dyn IdempotencyStore>`. `store = "self.store"`.
+/// - `crate` (default `::idem`): where `idem` is when the dependency is renamed.
+///   `crate = ::my_idem`.
+///
+/// Every mistake is a compile error on the tokens at fault, with the fix in words.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item.clone());
-    let parsed = syn::parse2::<syn::ItemFn>(item2.clone()).and_then(|func| {
-        expand::check_fn(&func)?;
+    let parsed = syn::parse2::<item::IdempotentFn>(item2.clone()).and_then(|func| {
+        item::check(&func)?;
         let args = args::Args::parse(attr.into())?;
+        item::check_store(&func, args.store.as_ref())?;
         Ok(expand::expand(args, func))
     });
     match parsed {

@@ -45,7 +45,10 @@ impl<T, E> IdempotentReturn for Result<T, E> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be stored and replayed by `#[idempotent]`",
     label = "the `Ok` type must implement `Serialize` and `DeserializeOwned`",
-    note = "add `#[derive(serde::Serialize, serde::Deserialize)]` to `{Self}`"
+    note = "the `Ok` value is stored and replayed to duplicates: on a type of your own, add \
+            `#[derive(serde::Serialize, serde::Deserialize)]`",
+    note = "it must own its data (`String`, not `&str`); for a type of another crate that does not \
+            deserialize (such as `axum::Json<T>`), return the data (`T`) and wrap it in the caller"
 )]
 pub trait Replayable: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> Replayable for T {}
@@ -54,7 +57,10 @@ impl<T: Serialize + DeserializeOwned> Replayable for T {}
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot carry an `idem::Error`",
     label = "the error type must implement `From<idem::Error>`",
-    note = "add `impl From<idem::Error> for {Self}` (or a `#[from] idem::Error` variant with thiserror)"
+    note = "on an error type of your own, add `impl From<idem::Error> for {Self}` (or a `#[from] idem::Error` \
+            variant with thiserror)",
+    note = "a type of another crate (`String`, `std::io::Error`) cannot be given that impl: return an error \
+            enum of your own, `anyhow::Error` or `Box<dyn std::error::Error + Send + Sync>`"
 )]
 pub trait CarriesIdemError: From<Error> {}
 impl<E: From<Error>> CarriesIdemError for E {}
