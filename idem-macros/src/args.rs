@@ -1,11 +1,15 @@
 //! The options of `#[idempotent(...)]`, parsed and checked.
+//!
+//! darling reads the attribute as a list of `name = value` items and gives each value
+//! type its own `FromMeta` (durations, modes, the namespace); an accumulator collects
+//! every mistake of one attribute, so all of them are reported at once, each on its
+//! own tokens. The names are matched here, so a repeated option points at both places
+//! and an unknown one lists the options beside darling's "did you mean".
 
+use darling::ast::NestedMeta;
+use darling::{Error, FromMeta};
 use proc_macro2::{Span, TokenStream};
-use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream, Parser};
-use syn::punctuated::Punctuated;
-use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
@@ -14,8 +18,125 @@ const OPTIONS: [&str; 10] = [
 ];
 const MAX_BIZ_CHARS: usize = 64;
 
+/// What a key expression looks like.
+const KEY_HINT: &str = "a field path such as \"req.request_id\" or a `format!(..)` call";
+
 /// A duration option: its value in milliseconds, and the literal it was written as.
-pub struct Millis(pub u64, pub proc_macro2::Span);
+pub struct Millis(pub u64, pub Span);
+
+/// Stands for the option's name in the errors of [`Millis`], which is not told it.
+const OPTION: &str = "{option}";
+
+impl FromMeta for Millis {
+    fn from_value(value: &Lit) -> darling::Result<Self> {
+        let Lit::Str(lit) = value else {
+            return Err(Error::custom(format!(
+                "`{OPTION}` must be a duration string, e.g. `{OPTION} = \"30s\"`"
+            ))
+            .with_span(value));
+        };
+        match parse_millis(&lit.value()) {
+            Ok(0) => Err(Error::custom(format!("`{OPTION}` must be positive: use at least \"1ms\"")).with_span(lit)),
+            Ok(millis) => Ok(Millis(millis, lit.span())),
+            Err(problem) => Err(Error::custom(format!("bad `{OPTION}`: {problem}")).with_span(lit)),
+        }
+    }
+
+    fn from_expr(value: &Expr) -> darling::Result<Self> {
+        match value {
+            Expr::Lit(lit) => Self::from_value(&lit.lit),
+            other => Err(Error::custom(format!(
+                "`{OPTION}` must be a duration string, e.g. `{OPTION} = \"30s\"`"
+            ))
+            .with_span(other)),
+        }
+    }
+}
+
+/// `biz = "pay"`: 1 to 64 characters, no control character.
+struct Biz(LitStr);
+
+impl FromMeta for Biz {
+    fn from_value(value: &Lit) -> darling::Result<Self> {
+        let Lit::Str(lit) = value else {
+            return Err(Error::custom("`biz` must be a string literal, e.g. `biz = \"pay\"`").with_span(value));
+        };
+        let text = lit.value();
+        let chars = text.chars().count();
+        let problem = if chars == 0 {
+            "`biz` is empty: name the business namespace, e.g. `biz = \"pay\"`".to_owned()
+        } else if chars > MAX_BIZ_CHARS {
+            format!("`biz` is {chars} characters long; the limit is {MAX_BIZ_CHARS}")
+        } else if text.chars().any(char::is_control) {
+            "`biz` contains a control character".to_owned()
+        } else {
+            return Ok(Biz(lit.clone()));
+        };
+        Err(Error::custom(problem).with_span(lit))
+    }
+}
+
+/// A variant of one of the runtime's enums, written bare (`Reject`) or by path
+/// (`Mode::Reject`, `idem::Mode::Reject`).
+trait Variants {
+    /// The option's name.
+    const OPTION: &'static str;
+    /// The enum's name.
+    const ENUM: &'static str;
+    const VARIANTS: &'static [&'static str];
+}
+
+struct ModeOption;
+impl Variants for ModeOption {
+    const OPTION: &'static str = "mode";
+    const ENUM: &'static str = "Mode";
+    const VARIANTS: &'static [&'static str] = &["ReturnFirst", "Reject"];
+}
+
+struct OnErrorOption;
+impl Variants for OnErrorOption {
+    const OPTION: &'static str = "on_error";
+    const ENUM: &'static str = "OnError";
+    const VARIANTS: &'static [&'static str] = &["Release", "Record"];
+}
+
+struct Variant<V>(Ident, std::marker::PhantomData<V>);
+
+impl<V: Variants> FromMeta for Variant<V> {
+    fn from_expr(value: &Expr) -> darling::Result<Self> {
+        let (name, enum_name) = (V::OPTION, V::ENUM);
+        let expected = V::VARIANTS
+            .iter()
+            .map(|v| format!("`{v}`"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        let Expr::Path(path) = value else {
+            return Err(Error::custom(format!("`{name}` must be {expected}")).with_span(value));
+        };
+        let segments = &path.path.segments;
+        let Some(ident) = segments.last().map(|segment| segment.ident.clone()) else {
+            return Err(Error::custom(format!("`{name}` must be {expected}")).with_span(value));
+        };
+        if let Some(owner) = segments.len().checked_sub(2).map(|at| &segments[at].ident) {
+            if owner != enum_name {
+                return Err(Error::custom(format!(
+                    "`{name}` takes a variant of `idem::{enum_name}`, not of `{owner}`: write `{name} = {ident}`"
+                ))
+                .with_span(owner));
+            }
+        }
+        if V::VARIANTS.iter().any(|v| ident == v) {
+            return Ok(Variant(ident, std::marker::PhantomData));
+        }
+        let given = ident.to_string();
+        let nearest = V::VARIANTS
+            .iter()
+            .min_by_key(|v| strsim::damerau_levenshtein(&given.to_lowercase(), &v.to_lowercase()))
+            .map(|v| format!("; did you mean `{v}`?"))
+            .unwrap_or_default();
+        Err(Error::custom(format!("unknown {name} `{given}`: expected {expected}{nearest}")).with_span(value))
+    }
+}
 
 /// The checked options of one attribute.
 pub struct Args {
@@ -33,53 +154,93 @@ pub struct Args {
     pub krate: Option<Path>,
 }
 
-/// `name = value`, before the value is checked against the name.
-struct RawOption {
-    name: Ident,
-    value: Expr,
-}
-
-impl Parse for RawOption {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        // `Ident::parse_any` so that the keyword `crate` is accepted as a name.
-        let name = Ident::parse_any(input)?;
-        input.parse::<Token![=]>().map_err(|e| {
-            syn::Error::new(
-                e.span(),
-                format!("expected `=` after `{name}`: options are written `{name} = value`"),
-            )
-        })?;
-        let value = input.parse()?;
-        Ok(Self { name, value })
-    }
-}
-
 impl Args {
-    /// Parse and check the attribute's tokens.
-    pub fn parse(tokens: TokenStream) -> syn::Result<Self> {
-        let raw = Punctuated::<RawOption, Token![,]>::parse_terminated.parse2(tokens)?;
+    /// Parse and check the attribute's tokens; every mistake is reported.
+    pub fn parse(tokens: TokenStream) -> darling::Result<Self> {
+        let items = NestedMeta::parse_meta_list(tokens)?;
+        let mut errors = Error::accumulator();
         let mut seen: Vec<Ident> = Vec::new();
-        let mut builder = Builder::default();
-        for option in raw {
-            let name = option.name.to_string();
-            if !OPTIONS.contains(&name.as_str()) {
-                return Err(unknown_option(&option.name));
+        let mut options = Options::default();
+        for item in items {
+            let meta = match item {
+                NestedMeta::Meta(Meta::NameValue(meta)) => meta,
+                other => {
+                    errors.push(expected_name_value(&other));
+                    continue;
+                }
+            };
+            let Some(name) = meta.path.get_ident().cloned() else {
+                errors.push(Error::custom("an option is one name, e.g. `ttl = \"1h\"`").with_span(&meta.path));
+                continue;
+            };
+            let option = name.to_string();
+            if !OPTIONS.contains(&option.as_str()) {
+                errors.push(unknown_option(&name));
+                continue;
             }
-            if let Some(first) = seen.iter().find(|seen| **seen == option.name) {
-                let mut error =
-                    syn::Error::new(option.name.span(), format!("option `{name}` is given twice; keep one"));
-                error.combine(syn::Error::new(first.span(), format!("`{name}` is first given here")));
-                return Err(error);
+            if let Some(first) = seen.iter().find(|seen| **seen == name) {
+                errors.push(Error::custom(format!("option `{option}` is given twice; keep one")).with_span(&name));
+                errors.push(Error::custom(format!("`{option}` is first given here")).with_span(first));
+                continue;
             }
-            builder.set(&name, option.value)?;
-            seen.push(option.name);
+            seen.push(name.clone());
+            let value = &meta.value;
+            let named = |error: Error| named(&option, error);
+            match option.as_str() {
+                "key" => options.key = errors.handle(expression("key", value, KEY_HINT)),
+                "biz" => options.biz = errors.handle(Biz::from_expr(value).map(|biz| biz.0)),
+                "ttl" => options.ttl = errors.handle(Millis::from_expr(value).map_err(named)),
+                "lease" => options.lease = errors.handle(Millis::from_expr(value).map_err(named)),
+                "wait" => options.wait = errors.handle(Millis::from_expr(value).map_err(named)),
+                "mode" => options.mode = errors.handle(Variant::<ModeOption>::from_expr(value).map(|v| v.0)),
+                "on_error" => options.on_error = errors.handle(Variant::<OnErrorOption>::from_expr(value).map(|v| v.0)),
+                "payload" => {
+                    options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
+                }
+                "store" => {
+                    options.store = errors.handle(expression(
+                        "store",
+                        value,
+                        "a store, such as \"self.store\" or \"&store\"",
+                    ))
+                }
+                _ => options.krate = errors.handle(crate_path(value)),
+            }
         }
-        builder.finish()
+        let missing = |name: &str, example: &str| {
+            Error::custom(format!(
+                "missing option `{name}`: add `{name} = {example}` to `#[idempotent(...)]`"
+            ))
+            .with_span(&Span::call_site())
+        };
+        let key = options.key.take();
+        let biz = options.biz.take();
+        if key.is_none() && !seen.iter().any(|name| name == "key") {
+            errors.push(missing("key", "\"req.request_id\""));
+        }
+        if biz.is_none() && !seen.iter().any(|name| name == "biz") {
+            errors.push(missing("biz", "\"pay\""));
+        }
+        errors.finish()?;
+        Ok(Args {
+            // Present: a missing or failed one was an error above.
+            key: key.expect("checked"),
+            biz: biz.expect("checked"),
+            ttl: options.ttl,
+            lease: options.lease,
+            wait: options.wait,
+            mode: options.mode,
+            on_error: options.on_error,
+            payload: options.payload,
+            store: options.store,
+            krate: options.krate,
+        })
     }
 }
 
+/// The options as they are read, before the required ones are checked.
 #[derive(Default)]
-struct Builder {
+struct Options {
     key: Option<Expr>,
     biz: Option<LitStr>,
     ttl: Option<Millis>,
@@ -92,52 +253,21 @@ struct Builder {
     krate: Option<Path>,
 }
 
-impl Builder {
-    fn set(&mut self, name: &str, value: Expr) -> syn::Result<()> {
-        match name {
-            "key" => self.key = Some(expression("key", value, KEY_HINT)?),
-            "biz" => self.biz = Some(biz(value)?),
-            "ttl" => self.ttl = Some(duration("ttl", &value)?),
-            "lease" => self.lease = Some(duration("lease", &value)?),
-            "wait" => self.wait = Some(duration("wait", &value)?),
-            "mode" => self.mode = Some(variant("mode", "Mode", &value, &["ReturnFirst", "Reject"])?),
-            "on_error" => self.on_error = Some(variant("on_error", "OnError", &value, &["Release", "Record"])?),
-            "payload" => self.payload = Some(expression("payload", value, "the request, such as \"req\"")?),
-            "store" => {
-                self.store = Some(expression(
-                    "store",
-                    value,
-                    "a store, such as \"self.store\" or \"&store\"",
-                )?)
-            }
-            _ => self.krate = Some(crate_path(value)?),
-        }
-        Ok(())
-    }
-
-    fn finish(self) -> syn::Result<Args> {
-        let missing = |name: &str, example: &str| {
-            syn::Error::new(
-                Span::call_site(),
-                format!("missing option `{name}`: add `{name} = {example}` to `#[idempotent(...)]`"),
-            )
-        };
-        Ok(Args {
-            key: self.key.ok_or_else(|| missing("key", "\"req.request_id\""))?,
-            biz: self.biz.ok_or_else(|| missing("biz", "\"pay\""))?,
-            ttl: self.ttl,
-            lease: self.lease,
-            wait: self.wait,
-            mode: self.mode,
-            on_error: self.on_error,
-            payload: self.payload,
-            store: self.store,
-            krate: self.krate,
-        })
-    }
+/// A value parser's error with the option's name put in, keeping its span.
+fn named(option: &str, error: Error) -> Error {
+    let span = error.span();
+    Error::custom(error.to_string().replace(OPTION, option)).with_span(&span)
 }
 
-fn unknown_option(name: &Ident) -> syn::Error {
+fn expected_name_value(item: &NestedMeta) -> Error {
+    let text = quote::ToTokens::to_token_stream(item).to_string();
+    Error::custom(format!(
+        "expected `name = value`, found `{text}`: options are written `ttl = \"1h\"`, `mode = Reject`"
+    ))
+    .with_span(item)
+}
+
+fn unknown_option(name: &Ident) -> Error {
     let given = name.to_string();
     let nearest = OPTIONS
         .iter()
@@ -148,13 +278,11 @@ fn unknown_option(name: &Ident) -> syn::Error {
         Some((_, option)) => format!("did you mean `{option}`? "),
         None => String::new(),
     };
-    syn::Error::new(
-        name.span(),
-        format!(
-            "unknown option `{given}`: {suggestion}the options are {}",
-            OPTIONS.join(", ")
-        ),
-    )
+    Error::custom(format!(
+        "unknown option `{given}`: {suggestion}the options are {}",
+        OPTIONS.join(", ")
+    ))
+    .with_span(name)
 }
 
 fn string_literal(value: &Expr) -> Option<&LitStr> {
@@ -167,124 +295,29 @@ fn string_literal(value: &Expr) -> Option<&LitStr> {
 /// Every option that takes an expression reads a string literal as the expression it
 /// contains (`key = "req.id"`, `payload = "req"`, `store = "self.store"`, as Java's SpEL
 /// does), spanned on the literal; a bare expression is taken as written.
-fn expression(name: &str, value: Expr, hint: &str) -> syn::Result<Expr> {
-    let Some(lit) = string_literal(&value) else {
-        return Ok(value);
+fn expression(name: &str, value: &Expr, hint: &str) -> darling::Result<Expr> {
+    let Some(lit) = string_literal(value) else {
+        return Ok(value.clone());
     };
     if lit.value().trim().is_empty() {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!("`{name}` is empty: give the expression of {hint}"),
-        ));
+        return Err(Error::custom(format!("`{name}` is empty: give the expression of {hint}")).with_span(lit));
     }
     lit.parse::<Expr>().map_err(|e| {
-        syn::Error::new(
-            lit.span(),
-            format!(
-                "`{name} = {:?}` is not a Rust expression ({e}); write {hint}",
-                lit.value()
-            ),
-        )
+        Error::custom(format!(
+            "`{name} = {:?}` is not a Rust expression ({e}); write {hint}",
+            lit.value()
+        ))
+        .with_span(lit)
     })
 }
 
-/// What a key expression looks like.
-const KEY_HINT: &str = "a field path such as \"req.request_id\" or a `format!(..)` call";
-
-fn biz(value: Expr) -> syn::Result<LitStr> {
-    let Some(lit) = string_literal(&value) else {
-        return Err(syn::Error::new(
-            value.span(),
-            "`biz` must be a string literal, e.g. `biz = \"pay\"`",
-        ));
-    };
-    let text = lit.value();
-    let chars = text.chars().count();
-    let problem = if chars == 0 {
-        Some("`biz` is empty: name the business namespace, e.g. `biz = \"pay\"`".to_owned())
-    } else if chars > MAX_BIZ_CHARS {
-        Some(format!(
-            "`biz` is {chars} characters long; the limit is {MAX_BIZ_CHARS}"
-        ))
-    } else if text.chars().any(char::is_control) {
-        Some("`biz` contains a control character".to_owned())
-    } else {
-        None
-    };
-    match problem {
-        Some(problem) => Err(syn::Error::new(lit.span(), problem)),
-        None => Ok(lit.clone()),
-    }
-}
-
-fn duration(name: &str, value: &Expr) -> syn::Result<Millis> {
-    let Some(lit) = string_literal(value) else {
-        return Err(syn::Error::new(
-            value.span(),
-            format!("`{name}` must be a duration string, e.g. `{name} = \"30s\"`"),
-        ));
-    };
-    match parse_millis(&lit.value()) {
-        Ok(0) => Err(syn::Error::new(
-            lit.span(),
-            format!("`{name}` must be positive: use at least \"1ms\""),
-        )),
-        Ok(millis) => Ok(Millis(millis, lit.span())),
-        Err(problem) => Err(syn::Error::new(lit.span(), format!("bad `{name}`: {problem}"))),
-    }
-}
-
-/// `mode = ReturnFirst` (or `Mode::ReturnFirst`, `idem::Mode::ReturnFirst`): one of
-/// `allowed`, of the enum `enum_name` when a path names it.
-fn variant(name: &str, enum_name: &str, value: &Expr, allowed: &[&str]) -> syn::Result<Ident> {
-    let expected = allowed
-        .iter()
-        .map(|v| format!("`{v}`"))
-        .collect::<Vec<_>>()
-        .join(" or ");
-    let ident = match value {
-        Expr::Path(path) => path.path.segments.last().map(|segment| segment.ident.clone()),
-        _ => None,
-    };
-    let Some(ident) = ident else {
-        return Err(syn::Error::new(value.span(), format!("`{name}` must be {expected}")));
-    };
-    if let Expr::Path(path) = value {
-        let segments = &path.path.segments;
-        if let Some(owner) = segments.len().checked_sub(2).map(|at| &segments[at].ident) {
-            if owner != enum_name {
-                return Err(syn::Error::new(
-                    owner.span(),
-                    format!(
-                        "`{name}` takes a variant of `idem::{enum_name}`, not of `{owner}`: write `{name} = {ident}`"
-                    ),
-                ));
-            }
-        }
-    }
-    if allowed.iter().any(|v| ident == v) {
-        return Ok(ident);
-    }
-    let given = ident.to_string();
-    let nearest = allowed
-        .iter()
-        .min_by_key(|v| strsim::damerau_levenshtein(&given.to_lowercase(), &v.to_lowercase()))
-        .map(|v| format!("; did you mean `{v}`?"))
-        .unwrap_or_default();
-    Err(syn::Error::new(
-        value.span(),
-        format!("unknown {name} `{given}`: expected {expected}{nearest}"),
-    ))
-}
-
-fn crate_path(value: Expr) -> syn::Result<Path> {
+fn crate_path(value: &Expr) -> darling::Result<Path> {
     match value {
-        Expr::Path(path) if path.qself.is_none() => Ok(path.path),
-        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => lit.parse(),
-        other => Err(syn::Error::new(
-            other.span(),
-            "`crate` must be a path to the idem crate, e.g. `crate = ::my_idem`",
-        )),
+        Expr::Path(path) if path.qself.is_none() => Ok(path.path.clone()),
+        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => lit.parse().map_err(Error::from),
+        other => {
+            Err(Error::custom("`crate` must be a path to the idem crate, e.g. `crate = ::my_idem`").with_span(other))
+        }
     }
 }
 
@@ -296,7 +329,7 @@ mod tests {
     fn error_of(tokens: TokenStream) -> String {
         match Args::parse(tokens) {
             Ok(_) => panic!("expected an error"),
-            Err(error) => error.to_string(),
+            Err(error) => error.into_iter().map(|e| e.to_string()).collect::<Vec<_>>().join(" | "),
         }
     }
 
@@ -338,5 +371,19 @@ mod tests {
         assert!(error_of(quote!(key = "a", biz = "b", ttl = "0s")).contains("must be positive"));
         assert!(error_of(quote!(key = "a", biz = "b", mode = Rejct)).contains("did you mean `Reject`?"));
         assert!(error_of(quote!(key = "a +", biz = "b")).contains("is not a Rust expression"));
+    }
+
+    #[test]
+    fn every_mistake_of_one_attribute_is_reported() {
+        let error = error_of(quote!(biz = "", ttl = "1x", mode = Rejct, tll = "1h"));
+        for part in [
+            "`biz` is empty",
+            "bad `ttl`: unknown unit `x`",
+            "did you mean `Reject`?",
+            "did you mean `ttl`?",
+            "missing option `key`",
+        ] {
+            assert!(error.contains(part), "{part} in {error}");
+        }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! This crate is a thin door: `args` parses and checks the options, `expand`
 //! writes the code, both over `proc_macro2` so they are unit-tested without a compiler
-//! run. Why `strsim`: it picks the nearest option name for "did you mean" hints.
+//! run. Why `darling`: it reads the attribute's `name = value` list and collects every
+//! mistake of one attribute, so all are reported at once; why `strsim`: it picks the
+//! nearest option or variant name for "did you mean" hints.
 
 use proc_macro::TokenStream;
 
@@ -59,19 +61,24 @@ mod item;
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let item2 = proc_macro2::TokenStream::from(item.clone());
-    let parsed = syn::parse2::<item::IdempotentFn>(item2.clone()).and_then(|func| {
-        item::check(&func)?;
-        let args = args::Args::parse(attr.into())?;
-        item::check_store(&func, args.store.as_ref())?;
-        Ok(expand::expand(args, func))
-    });
-    match parsed {
+    match attribute(attr.into(), item2.clone()) {
         Ok(tokens) => tokens.into(),
         // Keep the original fn so that the rest of the crate, and IDEs, still see it.
-        Err(error) => {
-            let mut tokens = error.to_compile_error();
-            tokens.extend(item2);
-            tokens.into()
+        Err(mut errors) => {
+            errors.extend(item2);
+            errors.into()
         }
     }
+}
+
+/// The expansion, or the errors to report (as `compile_error!`s, each on its tokens).
+fn attribute(
+    attr: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> Result<proc_macro2::TokenStream, proc_macro2::TokenStream> {
+    let func = syn::parse2::<item::IdempotentFn>(item).map_err(|e| e.to_compile_error())?;
+    item::check(&func).map_err(|e| e.to_compile_error())?;
+    let args = args::Args::parse(attr).map_err(darling::Error::write_errors)?;
+    item::check_store(&func, args.store.as_ref()).map_err(|e| e.to_compile_error())?;
+    Ok(expand::expand(args, func))
 }
