@@ -17,9 +17,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
         inner_attrs,
         statements: block,
     } = item;
-    let krate = args
-        .krate
-        .map_or_else(|| quote!(::idem), |path| path.into_token_stream());
+    let krate = args.krate.map_or_else(default_crate, |path| path.into_token_stream());
     let private = quote!(#krate::__private);
 
     let ret = match &sig.output {
@@ -111,6 +109,20 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     // the awaited future at the body, and they belong to the return type.
     let body = quote_spanned!(ret_span=> { #inner_attrs #statements });
     quote!(#(#attrs)* #vis #sig #body)
+}
+
+/// Where `idem` is for the crate being compiled: its name in that crate's `Cargo.toml`,
+/// so a renamed dependency (`payments_idem = { package = "idem" }`) needs no `crate = ...`.
+fn default_crate() -> TokenStream {
+    match proc_macro_crate::crate_name("idem") {
+        Ok(proc_macro_crate::FoundCrate::Name(name)) => {
+            let name = syn::Ident::new(&name, Span::call_site());
+            quote!(::#name)
+        }
+        // `idem` itself (its tests and doctests see it as `idem`), or not found: the
+        // compiler's own error then names the missing crate.
+        _ => quote!(::idem),
+    }
 }
 
 /// `tokens` with every span set to `span`, so that rustc, which reports an unmet bound

@@ -5,7 +5,9 @@
 //! writes the code, both over `proc_macro2` so they are unit-tested without a compiler
 //! run. Why `darling`: it reads the attribute's `name = value` list and collects every
 //! mistake of one attribute, so all are reported at once; why `strsim`: it picks the
-//! nearest option or variant name for "did you mean" hints.
+//! nearest option or variant name for "did you mean" hints; why `proc-macro-crate`: it
+//! finds what the calling crate named its `idem` dependency, so a renamed dependency
+//! needs no `crate = ...`.
 
 use proc_macro::TokenStream;
 
