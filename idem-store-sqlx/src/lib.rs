@@ -35,6 +35,8 @@ mod shape;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod statements;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod store_api;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod store_impl;
 mod table;
 

@@ -28,6 +28,7 @@ use crate::claim::Upserted;
 use crate::row::{driver_error, redacted, utc};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
+use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, derived_name, quoted, DEFAULT_TABLE};
 
@@ -329,6 +330,7 @@ impl MySqlStore {
 }
 
 impl_idempotency_store!(MySqlStore, sqlx::MySql, NaiveDateTime);
+impl_store_api!(MySqlStore, sqlx::MySql, NaiveDateTime);
 
 const EXACT_KEY: &str =
     "VARCHAR with a binary no-pad collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL), or VARBINARY";

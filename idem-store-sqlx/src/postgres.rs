@@ -11,6 +11,7 @@ use crate::claim::Upserted;
 use crate::row::{driver_error, granted_lease, record_from_row, redacted, utc};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
+use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, derived_name, quoted, COLUMNS, DEFAULT_TABLE};
 
@@ -276,6 +277,7 @@ impl PostgresStore {
 }
 
 impl_idempotency_store!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
+impl_store_api!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
 
 const EXACT_KEY: &str =
     "VARCHAR or TEXT with a deterministic collation (CHAR(n) ignores trailing spaces in comparisons)";

@@ -10,6 +10,7 @@ use crate::claim::Upserted;
 use crate::row::{driver_error, granted_lease, redacted, sqlite_text};
 use crate::shape::{split_table, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
+use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{checked_table_name, derived_name, quoted, COLUMNS, DEFAULT_TABLE};
 
@@ -304,6 +305,7 @@ impl SqliteStore {
 }
 
 impl_idempotency_store!(SqliteStore, sqlx::Sqlite, String);
+impl_store_api!(SqliteStore, sqlx::Sqlite, String);
 
 const TEXT: &str = "TEXT";
 const INSTANT: &str = "TEXT, DATETIME or TIMESTAMP (instants are stored as fixed-width UTC text)";

@@ -3,10 +3,12 @@
 //! The three stores differ in their driver types, their claim statement and their
 //! purge statement; everything else is the same code over [`Statements`]. sqlx's
 //! generic `Database` bounds for that code would outweigh it, so a macro writes the
-//! impl once per concrete store. A store provides:
+//! impl once per concrete store — the trait impl and the holder write it rests on,
+//! nothing else (the stores' public methods are `store_api.rs`'s). A store provides:
 //! `pool: Pool<$db>`, `sql: Statements`, `fn stamp(SystemTime) -> $stamp`,
-//! `async fn upsert(&self, &Claim) -> Result<Option<Lease>, StoreError>` and
-//! `async fn purge(&self, SystemTime, u64) -> Result<u64, StoreError>`.
+//! `async fn upsert(&self, &Claim) -> Result<Upserted, StoreError>`,
+//! `async fn purge(&self, SystemTime, u64) -> Result<u64, StoreError>` and, through
+//! `store_api.rs`, `async fn ensure_table(&self)`.
 //!
 //! [`Statements`]: crate::statements::Statements
 
@@ -119,103 +121,6 @@ macro_rules! impl_idempotency_store {
                 } else {
                     idem_runtime::FenceCheck::Held
                 })
-            }
-
-            /// `PROCESSING` records created at least `older_than` ago (the oldest
-            /// first): claims whose holder may have died, for reconciliation.
-            pub async fn stuck(
-                &self,
-                older_than: std::time::Duration,
-                limit: u32,
-            ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                let before = Self::stamp(idem_runtime::now() - older_than);
-                self.list("stuck", &self.sql.stuck, before, limit).await
-            }
-
-            /// Live `FAIL` records (the oldest first), for reconciliation.
-            pub async fn failed(&self, limit: u32) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                self.list(
-                    "failed",
-                    &self.sql.failed,
-                    Self::stamp(idem_runtime::now()),
-                    limit,
-                )
-                .await
-            }
-
-            async fn list(
-                &self,
-                operation: &'static str,
-                sql: &str,
-                at: $stamp,
-                limit: u32,
-            ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                let rows = sqlx::query(sql)
-                    .bind(at)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(|e| crate::row::driver_error(operation, e))?;
-                rows.iter()
-                    .map(crate::row::record_from_row::<_, $stamp>)
-                    .collect()
-            }
-
-            /// Check that the table has the shape the statements rely on: every column
-            /// with a type that holds what idem writes (microsecond instants, exact keys),
-            /// a unique key on `(biz_type, idempotent_key)`, no column that would answer
-            /// the claim in its place. The error names the table, each column at fault,
-            /// what was found and what is needed. `migrate()` runs it, and so does the
-            /// first claim of a store that was never migrated.
-            pub async fn check_table(&self) -> Result<(), idem_runtime::StoreError> {
-                let (columns, keys) = self.read_shape().await?;
-                crate::shape::check(&self.sql.table, &columns, &keys, Self::NEEDS)
-            }
-
-            /// The table was checked once in this store's life (at `migrate` or the
-            /// first claim).
-            async fn ensure_table(&self) -> Result<(), idem_runtime::StoreError> {
-                self.table_checked
-                    .get_or_try_init(|| self.check_table())
-                    .await
-                    .map(drop)
-            }
-
-            /// Finish `migrate`: check the table, and when creating failed because a
-            /// table of another shape was already there, say what is wrong with it.
-            async fn verify_migration(
-                &self,
-                created: Result<(), idem_runtime::StoreError>,
-            ) -> Result<(), idem_runtime::StoreError> {
-                let checked = self.ensure_table().await;
-                match created {
-                    Ok(()) => checked,
-                    Err(error) => Err(checked.err().unwrap_or(error)),
-                }
-            }
-
-            /// The exact SQL of the claim, one statement. Binds, in order: biz, key,
-            /// fingerprint, request body, lease end, now, expiry, first fence. For operators and for
-            /// the benchmark that runs it by hand as the floor idem is held to.
-            pub fn claim_sql(&self) -> &str {
-                &self.upsert_sql
-            }
-
-            /// The exact SQL of recording a success, one statement. Binds, in order:
-            /// response, lease end (now), completed at (now), expiry, biz, key, fence,
-            /// created at.
-            pub fn complete_sql(&self) -> &str {
-                &self.sql.complete
-            }
-
-            /// The table this store uses.
-            pub fn table_name(&self) -> &str {
-                &self.sql.table
-            }
-
-            /// The pool this store runs on.
-            pub fn pool(&self) -> &sqlx::Pool<$db> {
-                &self.pool
             }
         }
     };
