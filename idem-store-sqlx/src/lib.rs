@@ -28,6 +28,8 @@
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod claim;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod dialect;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod row;

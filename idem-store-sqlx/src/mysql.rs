@@ -22,25 +22,21 @@ use std::time::SystemTime;
 
 use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::MySqlPool;
 
 use crate::claim::Upserted;
-use crate::row::{driver_error, redacted, utc};
+use crate::dialect::{connect, on_table, renamed, Dialect, Parts};
+use crate::row::{driver_error, utc};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{checked_table_name, derived_name, quoted, DEFAULT_TABLE};
+use crate::table::{derived_name, quoted, DEFAULT_TABLE};
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
-    pool: MySqlPool,
-    sql: Statements,
-    upsert_sql: String,
-    purge_sql: String,
-    /// Set once the table's shape was checked.
-    table_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
+    parts: Parts<sqlx::MySql>,
 }
 
 /// [`COLUMNS`] with the key columns converted to the connection's character set:
@@ -62,69 +58,17 @@ const GRANTED_BY_EXPIRY_WITHOUT_LEASE: &str = "(lease_until IS NULL AND status =
 impl MySqlStore {
     /// A store on the application's own pool, using the table `idempotent_record`.
     pub fn new(pool: MySqlPool) -> Self {
-        Self::build(pool, DEFAULT_TABLE.to_owned())
+        on_table(pool, DEFAULT_TABLE.to_owned())
     }
 
     /// Connect a pool to `url` (`mysql://user:pass@host/db`).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = MySqlPoolOptions::new()
-            .connect(url)
-            .await
-            .map_err(|e| driver_error(&format!("connecting to MySQL at `{}`", redacted(url)), e))?;
-        Ok(Self::new(pool))
+        Ok(Self::new(connect(url, "MySQL").await?))
     }
 
     /// Use the table `name` instead (`table` or `database.table`).
     pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
-        Ok(Self::build(self.pool, checked_table_name(name)?))
-    }
-
-    fn build(pool: MySqlPool, name: String) -> Self {
-        let table = quoted(&name, '`');
-        let sql = Statements::new(
-            &name,
-            &table,
-            &Flavor {
-                numbered: false,
-                greatest: "GREATEST",
-                columns: SELECT_COLUMNS,
-            },
-        );
-        // Order matters: first the columns the condition does not read; then
-        // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
-        // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
-        // holds as a lapsed PROCESSING lease: an expired record's lease ended before it
-        // expired) and last `lease_until`. A record that expired with no lease at all
-        // (written by hand) no longer meets the condition there; it is known by the new
-        // life its `created_at` and `expires_at` were just given.
-        let upsert_sql = format!(
-            "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
-               lease_until, created_at, expires_at, fence) \
-             VALUES (?, ?, 'PROCESSING', ?, ?, ?, ?, ?, ?) \
-             ON DUPLICATE KEY UPDATE \
-               fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
-               request_body = IF({GRANTED}, VALUES(request_body), request_body), \
-               response_body = IF({GRANTED}, NULL, response_body), \
-               error_message = IF({GRANTED}, NULL, error_message), \
-               completed_at = IF({GRANTED}, NULL, completed_at), \
-               created_at = IF({GRANTED} AND expires_at <= VALUES(created_at), VALUES(created_at), created_at), \
-               fingerprint = IF({GRANTED}, IF(expires_at <= VALUES(created_at), VALUES(fingerprint), \
-                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \
-               status = IF({GRANTED}, 'PROCESSING', status), \
-               expires_at = IF({GRANTED}, VALUES(expires_at), expires_at), \
-               lease_until = IF({GRANTED} OR {GRANTED_BY_EXPIRY_WITHOUT_LEASE}, VALUES(lease_until), lease_until)"
-        );
-        let purge_sql = format!(
-            "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
-             ORDER BY expires_at LIMIT ?"
-        );
-        Self {
-            pool,
-            sql,
-            upsert_sql,
-            purge_sql,
-            table_checked: std::sync::Arc::default(),
-        }
+        renamed(self, name)
     }
 
     /// Create the table (with its `expires_at` index) if it does not exist, then check
@@ -132,7 +76,7 @@ impl MySqlStore {
     /// no-pad collation). Writes nothing to the application's `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let version: String = sqlx::query_scalar("SELECT VERSION()")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.parts.pool)
             .await
             .map_err(|e| driver_error("reading the server version", e))?;
         let exact = if version.contains("MariaDB") {
@@ -140,7 +84,7 @@ impl MySqlStore {
         } else {
             "utf8mb4_0900_bin"
         };
-        let table = &self.sql.quoted;
+        let table = &self.parts.sql.quoted;
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
                biz_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL, \
@@ -159,11 +103,11 @@ impl MySqlStore {
                KEY {} (expires_at), \
                CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
              ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
-            quoted(&derived_name(&self.sql.table, "expires_at"), '`'),
-            quoted(&derived_name(&self.sql.table, "status"), '`'),
+            quoted(&derived_name(&self.parts.sql.table, "expires_at"), '`'),
+            quoted(&derived_name(&self.parts.sql.table, "status"), '`'),
         );
         let created = sqlx::query(&create)
-            .execute(&self.pool)
+            .execute(&self.parts.pool)
             .await
             .map(drop)
             .map_err(|e| driver_error("creating the idempotency table", e));
@@ -236,7 +180,7 @@ impl MySqlStore {
 
     /// The table's columns and unique keys, from `information_schema`.
     async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
-        let (schema, name) = split_table(&self.sql.table);
+        let (schema, name) = split_table(&self.parts.sql.table);
         let failed = |e| driver_error("reading the idempotency table's shape", e);
         // name, type, collation, nullable, default, extra
         type ColumnRow = (String, String, Option<String>, String, Option<String>, String);
@@ -248,7 +192,7 @@ impl MySqlStore {
         )
         .bind(schema)
         .bind(name)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.parts.pool)
         .await
         .map_err(failed)?;
         let columns = rows
@@ -268,7 +212,7 @@ impl MySqlStore {
         )
         .bind(schema)
         .bind(name)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.parts.pool)
         .await
         .map_err(failed)?;
         let keys = keys
@@ -288,7 +232,7 @@ impl MySqlStore {
 
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let done = crate::claim::upsert_retrying_deadlocks(|| {
-            bind_claim!(sqlx::query(&self.upsert_sql), claim, Self::stamp).execute(&self.pool)
+            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp).execute(&self.parts.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
@@ -318,14 +262,68 @@ impl MySqlStore {
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.purge_sql)
+        let done = sqlx::query(&self.parts.purge_sql)
             .bind(Self::stamp(now))
             .bind(Self::stamp(now))
             .bind(limit)
-            .execute(&self.pool)
+            .execute(&self.parts.pool)
             .await
             .map_err(|e| driver_error("purge", e))?;
         Ok(done.rows_affected())
+    }
+}
+
+impl Dialect for MySqlStore {
+    type Db = sqlx::MySql;
+    const QUOTE: char = '`';
+
+    fn statements(name: &str, table: &str) -> (Statements, String, String) {
+        let sql = Statements::new(
+            name,
+            table,
+            &Flavor {
+                numbered: false,
+                greatest: "GREATEST",
+                columns: SELECT_COLUMNS,
+            },
+        );
+        // Order matters: first the columns the condition does not read; then
+        // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
+        // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
+        // holds as a lapsed PROCESSING lease: an expired record's lease ended before it
+        // expired) and last `lease_until`. A record that expired with no lease at all
+        // (written by hand) no longer meets the condition there; it is known by the new
+        // life its `created_at` and `expires_at` were just given.
+        let upsert_sql = format!(
+            "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
+               lease_until, created_at, expires_at, fence) \
+             VALUES (?, ?, 'PROCESSING', ?, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE \
+               fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
+               request_body = IF({GRANTED}, VALUES(request_body), request_body), \
+               response_body = IF({GRANTED}, NULL, response_body), \
+               error_message = IF({GRANTED}, NULL, error_message), \
+               completed_at = IF({GRANTED}, NULL, completed_at), \
+               created_at = IF({GRANTED} AND expires_at <= VALUES(created_at), VALUES(created_at), created_at), \
+               fingerprint = IF({GRANTED}, IF(expires_at <= VALUES(created_at), VALUES(fingerprint), \
+                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \
+               status = IF({GRANTED}, 'PROCESSING', status), \
+               expires_at = IF({GRANTED}, VALUES(expires_at), expires_at), \
+               lease_until = IF({GRANTED} OR {GRANTED_BY_EXPIRY_WITHOUT_LEASE}, VALUES(lease_until), lease_until)"
+        );
+        let purge_sql = format!(
+            "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
+             ORDER BY expires_at LIMIT ?"
+        );
+        (sql, upsert_sql, purge_sql)
+    }
+
+    fn from_parts(parts: Parts<Self::Db>) -> Self {
+        Self { parts }
+    }
+
+    fn into_parts(self) -> Parts<Self::Db> {
+        self.parts
     }
 }
 

@@ -4,16 +4,17 @@ use std::time::SystemTime;
 
 use chrono::{DateTime, Utc};
 use idem_runtime::{Claim, StoreError};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::Row;
 
 use crate::claim::Upserted;
-use crate::row::{driver_error, granted_lease, record_from_row, redacted, utc};
+use crate::dialect::{connect, on_table, renamed, Dialect, Parts};
+use crate::row::{driver_error, granted_lease, record_from_row, utc};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{checked_table_name, derived_name, quoted, COLUMNS, DEFAULT_TABLE};
+use crate::table::{derived_name, quoted, COLUMNS, DEFAULT_TABLE};
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
@@ -22,65 +23,23 @@ const GRANTED_AT: usize = 12;
 /// Idempotency records in PostgreSQL, instants as `TIMESTAMPTZ`.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
-    sql: Statements,
-    upsert_sql: String,
-    purge_sql: String,
-    /// Set once the table's shape was checked.
-    table_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
+    parts: Parts<sqlx::Postgres>,
 }
 
 impl PostgresStore {
     /// A store on the application's own pool, using the table `idempotent_record`.
     pub fn new(pool: PgPool) -> Self {
-        Self::build(pool, DEFAULT_TABLE.to_owned())
+        on_table(pool, DEFAULT_TABLE.to_owned())
     }
 
     /// Connect a pool to `url` (`postgres://user:pass@host/db`).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new()
-            .connect(url)
-            .await
-            .map_err(|e| driver_error(&format!("connecting to PostgreSQL at `{}`", redacted(url)), e))?;
-        Ok(Self::new(pool))
+        Ok(Self::new(connect(url, "PostgreSQL").await?))
     }
 
     /// Use the table `name` instead (`table` or `schema.table`).
     pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
-        Ok(Self::build(self.pool, checked_table_name(name)?))
-    }
-
-    fn build(pool: PgPool, name: String) -> Self {
-        let table = quoted(&name, '"');
-        let flavor = Flavor {
-            numbered: true,
-            greatest: "GREATEST",
-            columns: COLUMNS,
-        };
-        let sql = Statements::new(&name, &table, &flavor);
-        let upsert_sql = upsert_on_conflict(&table, &flavor);
-        let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
-        let upsert_sql = format!(
-            "WITH granted AS ({upsert_sql}) \
-             SELECT {}, granted.fence, granted.created_at \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN granted ON TRUE \
-             LEFT JOIN {table} AS stood ON granted.fence IS NULL AND stood.biz_type = $1 AND stood.idempotent_key = $2",
-            stood.join(", ")
-        );
-        // SKIP LOCKED: a purge never waits behind a claim in flight.
-        let purge_sql = format!(
-            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
-             WHERE expires_at <= $1 AND (status <> 'PROCESSING' OR lease_until <= $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED))"
-        );
-        Self {
-            pool,
-            sql,
-            upsert_sql,
-            purge_sql,
-            table_checked: std::sync::Arc::default(),
-        }
+        renamed(self, name)
     }
 
     /// Create the table and its `expires_at` index if they do not exist (under an
@@ -92,11 +51,11 @@ impl PostgresStore {
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
-        let table = &self.sql.quoted;
+        let table = &self.parts.sql.quoted;
         let failed = |e| driver_error("creating the idempotency table", e);
-        let mut tx = self.pool.begin().await.map_err(failed)?;
+        let mut tx = self.parts.pool.begin().await.map_err(failed)?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(&self.sql.table)
+            .bind(&self.parts.sql.table)
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
@@ -118,7 +77,7 @@ impl PostgresStore {
         );
         let index = format!(
             "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
-            quoted(&derived_name(&self.sql.table, "expires_at"), '"')
+            quoted(&derived_name(&self.parts.sql.table, "expires_at"), '"')
         );
         for statement in [create, index] {
             sqlx::query(&statement).execute(&mut *tx).await.map_err(failed)?;
@@ -199,8 +158,8 @@ impl PostgresStore {
              FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         )
-        .bind(&self.sql.quoted)
-        .fetch_all(&self.pool)
+        .bind(&self.parts.sql.quoted)
+        .fetch_all(&self.parts.pool)
         .await
         .map_err(failed)?;
         let columns = rows
@@ -228,8 +187,8 @@ impl PostgresStore {
              FROM pg_index i WHERE i.indrelid = to_regclass($1) AND i.indisunique \
                AND i.indpred IS NULL AND i.indexprs IS NULL",
         )
-        .bind(&self.sql.quoted)
-        .fetch_all(&self.pool)
+        .bind(&self.parts.sql.quoted)
+        .fetch_all(&self.parts.pool)
         .await
         .map_err(failed)?;
         let keys = keys
@@ -251,7 +210,7 @@ impl PostgresStore {
     /// statement's snapshot; a row committed after it is read separately).
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let row = crate::claim::upsert_retrying_deadlocks(|| {
-            bind_claim!(sqlx::query(&self.upsert_sql), claim, Self::stamp).fetch_one(&self.pool)
+            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp).fetch_one(&self.parts.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
@@ -266,13 +225,52 @@ impl PostgresStore {
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.purge_sql)
+        let done = sqlx::query(&self.parts.purge_sql)
             .bind(Self::stamp(now))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .execute(&self.parts.pool)
             .await
             .map_err(|e| driver_error("purge", e))?;
         Ok(done.rows_affected())
+    }
+}
+
+impl Dialect for PostgresStore {
+    type Db = sqlx::Postgres;
+    const QUOTE: char = '"';
+
+    fn statements(name: &str, table: &str) -> (Statements, String, String) {
+        let flavor = Flavor {
+            numbered: true,
+            greatest: "GREATEST",
+            columns: COLUMNS,
+        };
+        let sql = Statements::new(name, table, &flavor);
+        let upsert_sql = upsert_on_conflict(table, &flavor);
+        let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
+        let upsert_sql = format!(
+            "WITH granted AS ({upsert_sql}) \
+             SELECT {}, granted.fence, granted.created_at \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN granted ON TRUE \
+             LEFT JOIN {table} AS stood ON granted.fence IS NULL AND stood.biz_type = $1 AND stood.idempotent_key = $2",
+            stood.join(", ")
+        );
+        // SKIP LOCKED: a purge never waits behind a claim in flight.
+        let purge_sql = format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+             WHERE expires_at <= $1 AND (status <> 'PROCESSING' OR lease_until <= $1) \
+             LIMIT $2 FOR UPDATE SKIP LOCKED))"
+        );
+        (sql, upsert_sql, purge_sql)
+    }
+
+    fn from_parts(parts: Parts<Self::Db>) -> Self {
+        Self { parts }
+    }
+
+    fn into_parts(self) -> Parts<Self::Db> {
+        self.parts
     }
 }
 

@@ -7,12 +7,13 @@ use idem_runtime::{Claim, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::claim::Upserted;
+use crate::dialect::{on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, granted_lease, redacted, sqlite_text};
 use crate::shape::{split_table, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{checked_table_name, derived_name, quoted, COLUMNS, DEFAULT_TABLE};
+use crate::table::{derived_name, quoted, COLUMNS, DEFAULT_TABLE};
 
 /// The oldest SQLite with `RETURNING` on an upsert.
 const MIN_VERSION: (u32, u32) = (3, 35);
@@ -23,18 +24,13 @@ const MIN_VERSION: (u32, u32) = (3, 35);
 /// sorts as time and reads as it is in the `sqlite3` shell.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
-    sql: Statements,
-    upsert_sql: String,
-    purge_sql: String,
-    /// Set once the table's shape was checked.
-    table_checked: std::sync::Arc<tokio::sync::OnceCell<()>>,
+    parts: Parts<sqlx::Sqlite>,
 }
 
 impl SqliteStore {
     /// A store on the application's own pool, using the table `idempotent_record`.
     pub fn new(pool: SqlitePool) -> Self {
-        Self::build(pool, DEFAULT_TABLE.to_owned())
+        on_table(pool, DEFAULT_TABLE.to_owned())
     }
 
     /// Open (creating if missing) the database at `url` (`sqlite://path/to/file.db`)
@@ -70,29 +66,7 @@ impl SqliteStore {
                 "invalid table name {name:?} for SQLite: use a table of the main database, without `schema.`"
             )));
         }
-        Ok(Self::build(self.pool, checked_table_name(name)?))
-    }
-
-    fn build(pool: SqlitePool, name: String) -> Self {
-        let table = quoted(&name, '"');
-        let flavor = Flavor {
-            numbered: false,
-            greatest: "MAX",
-            columns: COLUMNS,
-        };
-        let sql = Statements::new(&name, &table, &flavor);
-        let upsert_sql = upsert_on_conflict(&table, &flavor);
-        let purge_sql = format!(
-            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
-             WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
-        );
-        Self {
-            pool,
-            sql,
-            upsert_sql,
-            purge_sql,
-            table_checked: std::sync::Arc::default(),
-        }
+        renamed(self, name)
     }
 
     /// Switch the file to WAL journaling (readers never block the claim), create the
@@ -101,7 +75,7 @@ impl SqliteStore {
     /// the application's `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let version: String = sqlx::query_scalar("SELECT sqlite_version()")
-            .fetch_one(&self.pool)
+            .fetch_one(&self.parts.pool)
             .await
             .map_err(|e| driver_error("reading the SQLite version", e))?;
         require_returning(&version)?;
@@ -111,7 +85,7 @@ impl SqliteStore {
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
-        let table = &self.sql.quoted;
+        let table = &self.parts.sql.quoted;
         let create = format!(
             "CREATE TABLE IF NOT EXISTS {table} (\
                biz_type TEXT NOT NULL, \
@@ -130,11 +104,11 @@ impl SqliteStore {
         );
         let index = format!(
             "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
-            quoted(&derived_name(&self.sql.table, "expires_at"), '"')
+            quoted(&derived_name(&self.parts.sql.table, "expires_at"), '"')
         );
         for statement in [create, index] {
             sqlx::query(&statement)
-                .execute(&self.pool)
+                .execute(&self.parts.pool)
                 .await
                 .map_err(|e| driver_error("creating the idempotency table", e))?;
         }
@@ -146,7 +120,7 @@ impl SqliteStore {
     async fn use_wal(&self) -> Result<(), StoreError> {
         let mut attempt = 0;
         loop {
-            match sqlx::query("PRAGMA journal_mode = WAL").execute(&self.pool).await {
+            match sqlx::query("PRAGMA journal_mode = WAL").execute(&self.parts.pool).await {
                 Ok(_) => return Ok(()),
                 Err(error) if attempt < 50 && is_busy(&error) => {
                     attempt += 1;
@@ -224,7 +198,7 @@ impl SqliteStore {
     /// The table's columns and unique keys (with the collation each key column is
     /// compared with), from SQLite's table-valued pragmas.
     async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
-        let (schema, name) = split_table(&self.sql.table);
+        let (schema, name) = split_table(&self.parts.sql.table);
         let schema = schema.unwrap_or("main");
         let failed = |e| driver_error("reading the idempotency table's shape", e);
         let rows: Vec<(String, String, bool, bool)> = sqlx::query_as(
@@ -232,7 +206,7 @@ impl SqliteStore {
         )
         .bind(name)
         .bind(schema)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.parts.pool)
         .await
         .map_err(failed)?;
         let columns = rows
@@ -250,7 +224,7 @@ impl SqliteStore {
             sqlx::query_as("SELECT name FROM pragma_index_list(?1, ?2) WHERE \"unique\" = 1 AND partial = 0")
                 .bind(name)
                 .bind(schema)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.parts.pool)
                 .await
                 .map_err(failed)?;
         let mut keys = Vec::new();
@@ -259,7 +233,7 @@ impl SqliteStore {
                 sqlx::query_as("SELECT name, coll FROM pragma_index_xinfo(?1, ?2) WHERE key = 1 ORDER BY seqno")
                     .bind(&index)
                     .bind(schema)
-                    .fetch_all(&self.pool)
+                    .fetch_all(&self.parts.pool)
                     .await
                     .map_err(failed)?;
             keys.push(UniqueKey {
@@ -282,7 +256,7 @@ impl SqliteStore {
     /// the floor against 1.06×.)
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
         let granted = crate::claim::upsert_retrying_deadlocks(|| {
-            bind_claim!(sqlx::query(&self.upsert_sql), claim, Self::stamp).fetch_optional(&self.pool)
+            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp).fetch_optional(&self.parts.pool)
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
@@ -294,13 +268,41 @@ impl SqliteStore {
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.purge_sql)
+        let done = sqlx::query(&self.parts.purge_sql)
             .bind(Self::stamp(now))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .execute(&self.parts.pool)
             .await
             .map_err(|e| driver_error("purge", e))?;
         Ok(done.rows_affected())
+    }
+}
+
+impl Dialect for SqliteStore {
+    type Db = sqlx::Sqlite;
+    const QUOTE: char = '"';
+
+    fn statements(name: &str, table: &str) -> (Statements, String, String) {
+        let flavor = Flavor {
+            numbered: false,
+            greatest: "MAX",
+            columns: COLUMNS,
+        };
+        let sql = Statements::new(name, table, &flavor);
+        let upsert_sql = upsert_on_conflict(table, &flavor);
+        let purge_sql = format!(
+            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
+             WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
+        );
+        (sql, upsert_sql, purge_sql)
+    }
+
+    fn from_parts(parts: Parts<Self::Db>) -> Self {
+        Self { parts }
+    }
+
+    fn into_parts(self) -> Parts<Self::Db> {
+        self.parts
     }
 }
 

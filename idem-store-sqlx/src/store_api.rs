@@ -15,14 +15,14 @@ macro_rules! impl_store_api {
                 limit: u32,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let before = Self::stamp(idem_runtime::now() - older_than);
-                self.list("stuck", &self.sql.stuck, before, limit).await
+                self.list("stuck", &self.parts.sql.stuck, before, limit).await
             }
 
             /// Live `FAIL` records (the oldest first), for reconciliation.
             pub async fn failed(&self, limit: u32) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 self.list(
                     "failed",
-                    &self.sql.failed,
+                    &self.parts.sql.failed,
                     Self::stamp(idem_runtime::now()),
                     limit,
                 )
@@ -39,7 +39,7 @@ macro_rules! impl_store_api {
                 let rows = sqlx::query(sql)
                     .bind(at)
                     .bind(i64::from(limit))
-                    .fetch_all(&self.pool)
+                    .fetch_all(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error(operation, e))?;
                 rows.iter()
@@ -55,13 +55,14 @@ macro_rules! impl_store_api {
             /// first claim of a store that was never migrated.
             pub async fn check_table(&self) -> Result<(), idem_runtime::StoreError> {
                 let (columns, keys) = self.read_shape().await?;
-                crate::shape::check(&self.sql.table, &columns, &keys, Self::NEEDS)
+                crate::shape::check(&self.parts.sql.table, &columns, &keys, Self::NEEDS)
             }
 
             /// The table was checked once in this store's life (at `migrate` or the
             /// first claim).
             async fn ensure_table(&self) -> Result<(), idem_runtime::StoreError> {
-                self.table_checked
+                self.parts
+                    .table_checked
                     .get_or_try_init(|| self.check_table())
                     .await
                     .map(drop)
@@ -84,24 +85,24 @@ macro_rules! impl_store_api {
             /// fingerprint, request body, lease end, now, expiry, first fence. For operators and for
             /// the benchmark that runs it by hand as the floor idem is held to.
             pub fn claim_sql(&self) -> &str {
-                &self.upsert_sql
+                &self.parts.upsert_sql
             }
 
             /// The exact SQL of recording a success, one statement. Binds, in order:
             /// response, lease end (now), completed at (now), expiry, biz, key, fence,
             /// created at.
             pub fn complete_sql(&self) -> &str {
-                &self.sql.complete
+                &self.parts.sql.complete
             }
 
             /// The table this store uses.
             pub fn table_name(&self) -> &str {
-                &self.sql.table
+                &self.parts.sql.table
             }
 
             /// The pool this store runs on.
             pub fn pool(&self) -> &sqlx::Pool<$db> {
-                &self.pool
+                &self.parts.pool
             }
         }
     };

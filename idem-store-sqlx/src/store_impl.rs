@@ -31,7 +31,7 @@ macro_rules! impl_idempotency_store {
                 lease_for: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let until = Self::stamp(now + lease_for);
-                let query = sqlx::query(&self.sql.renew).bind(until.clone()).bind(until);
+                let query = sqlx::query(&self.parts.sql.renew).bind(until.clone()).bind(until);
                 self.write_held("renew", query, lease).await
             }
 
@@ -42,7 +42,7 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = sqlx::query(&self.sql.complete)
+                let query = sqlx::query(&self.parts.sql.complete)
                     .bind(response)
                     .bind(Self::stamp(now))
                     .bind(Self::stamp(now))
@@ -57,7 +57,7 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = sqlx::query(&self.sql.fail)
+                let query = sqlx::query(&self.parts.sql.fail)
                     .bind(message)
                     .bind(Self::stamp(now))
                     .bind(Self::stamp(now))
@@ -69,7 +69,7 @@ macro_rules! impl_idempotency_store {
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                self.write_held("release", sqlx::query(&self.sql.release), lease)
+                self.write_held("release", sqlx::query(&self.parts.sql.release), lease)
                     .await
             }
 
@@ -78,10 +78,10 @@ macro_rules! impl_idempotency_store {
                 biz: &str,
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
-                let row = sqlx::query(&self.sql.get)
+                let row = sqlx::query(&self.parts.sql.get)
                     .bind(biz)
                     .bind(key)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error("get", e))?;
                 row.as_ref()
@@ -113,7 +113,7 @@ macro_rules! impl_idempotency_store {
                     .bind(lease.key.as_str())
                     .bind(fence)
                     .bind(Self::stamp(lease.created_at))
-                    .execute(&self.pool)
+                    .execute(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error(operation, e))?;
                 Ok(if done.rows_affected() == 0 {

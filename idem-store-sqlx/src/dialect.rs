@@ -1,0 +1,90 @@
+//! What differs between the SQL stores, as one crate-private trait, and what they share
+//! over it: the parts every store holds, building them for a table, renaming the table,
+//! connecting a pool.
+
+use std::sync::Arc;
+
+use idem_runtime::StoreError;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use sqlx::pool::PoolOptions;
+use sqlx::{Database, Pool};
+use tokio::sync::OnceCell;
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::row::{driver_error, redacted};
+use crate::statements::Statements;
+use crate::table::{checked_table_name, quoted};
+
+/// What every SQL store holds.
+pub(crate) struct Parts<DB: Database> {
+    pub pool: Pool<DB>,
+    /// The statements every dialect shares, for this table.
+    pub sql: Statements,
+    /// The dialect's one-statement claim.
+    pub upsert_sql: String,
+    /// The dialect's bounded purge.
+    pub purge_sql: String,
+    /// Set once the table's shape was checked (at `migrate` or the first claim).
+    pub table_checked: Arc<OnceCell<()>>,
+}
+
+impl<DB: Database> Clone for Parts<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            upsert_sql: self.upsert_sql.clone(),
+            purge_sql: self.purge_sql.clone(),
+            table_checked: self.table_checked.clone(),
+        }
+    }
+}
+
+impl<DB: Database> std::fmt::Debug for Parts<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parts")
+            .field("pool", &self.pool)
+            .field("table", &self.sql.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One SQL dialect's store.
+pub(crate) trait Dialect: Sized {
+    type Db: Database;
+    /// How the dialect quotes an identifier.
+    const QUOTE: char;
+    /// The statements for the table `name`, written `table` (quoted): the shared ones,
+    /// the claim, the purge.
+    fn statements(name: &str, table: &str) -> (Statements, String, String);
+    fn from_parts(parts: Parts<Self::Db>) -> Self;
+    fn into_parts(self) -> Parts<Self::Db>;
+}
+
+/// A store of dialect `D` on `pool` and the table `name` (already checked).
+pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
+    let table = quoted(&name, D::QUOTE);
+    let (sql, upsert_sql, purge_sql) = D::statements(&name, &table);
+    D::from_parts(Parts {
+        pool,
+        sql,
+        upsert_sql,
+        purge_sql,
+        table_checked: Arc::default(),
+    })
+}
+
+/// `store` on the table `name` instead, once the name is checked.
+pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError> {
+    Ok(on_table(store.into_parts().pool, checked_table_name(name)?))
+}
+
+/// A pool connected to `url`; the error names the server (`label`) and the URL. (SQLite
+/// opens its file with options of its own.)
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn connect<DB: Database>(url: &str, label: &str) -> Result<Pool<DB>, StoreError> {
+    PoolOptions::<DB>::new()
+        .connect(url)
+        .await
+        .map_err(|e| driver_error(&format!("connecting to {label} at `{}`", redacted(url)), e))
+}
