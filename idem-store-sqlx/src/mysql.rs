@@ -116,66 +116,24 @@ impl MySqlStore {
 
     /// What the statements need of each column on MySQL and MariaDB.
     const NEEDS: &'static [Need] = &[
-        Need {
-            column: "biz_type",
-            what: EXACT_KEY,
-            fits: exact_key,
-        },
-        Need {
-            column: "idempotent_key",
-            what: EXACT_KEY,
-            fits: exact_key,
-        },
-        Need {
-            column: "status",
-            what: "VARCHAR(10) or longer",
-            fits: |c| text_of_at_least(c, 10),
-        },
-        Need {
-            column: "fence",
-            what: "BIGINT",
-            fits: |c| c.declared.starts_with("bigint"),
-        },
-        Need {
-            column: "fingerprint",
-            what: "VARCHAR(64) or longer",
-            fits: |c| text_of_at_least(c, 64),
-        },
-        Need {
-            column: "request_body",
-            what: "MEDIUMTEXT or LONGTEXT",
-            fits: |c| matches!(c.declared.as_str(), "mediumtext" | "longtext"),
-        },
-        Need {
-            column: "response_body",
-            what: "LONGTEXT",
-            fits: |c| c.declared == "longtext",
-        },
+        Need::new("biz_type", EXACT_KEY, exact_key),
+        Need::new("idempotent_key", EXACT_KEY, exact_key),
+        Need::new("status", "VARCHAR(10) or longer", |c| text_of_at_least(c, 10)),
+        Need::new("fence", "BIGINT", |c| c.declared.starts_with("bigint")),
+        Need::new("fingerprint", "VARCHAR(64) or longer", |c| text_of_at_least(c, 64)),
+        Need::new("request_body", "MEDIUMTEXT or LONGTEXT", |c| {
+            matches!(c.declared.as_str(), "mediumtext" | "longtext")
+        }),
+        Need::new("response_body", "LONGTEXT", |c| c.declared == "longtext"),
         Need {
             column: "error_message",
             what: "TEXT, MEDIUMTEXT or LONGTEXT",
             fits: |c| c.declared.ends_with("text"),
         },
-        Need {
-            column: "lease_until",
-            what: DATETIME6,
-            fits: datetime6,
-        },
-        Need {
-            column: "created_at",
-            what: DATETIME6,
-            fits: datetime6,
-        },
-        Need {
-            column: "completed_at",
-            what: DATETIME6,
-            fits: datetime6,
-        },
-        Need {
-            column: "expires_at",
-            what: DATETIME6,
-            fits: datetime6,
-        },
+        Need::new("lease_until", DATETIME6, datetime6),
+        Need::new("created_at", DATETIME6, datetime6),
+        Need::new("completed_at", DATETIME6, datetime6),
+        Need::new("expires_at", DATETIME6, datetime6),
     ];
 
     /// The table's columns and unique keys, from `information_schema`.

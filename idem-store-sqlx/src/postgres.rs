@@ -87,66 +87,26 @@ impl PostgresStore {
 
     /// What the statements need of each column on PostgreSQL.
     const NEEDS: &'static [Need] = &[
-        Need {
-            column: "biz_type",
-            what: EXACT_KEY,
-            fits: exact_key,
-        },
-        Need {
-            column: "idempotent_key",
-            what: EXACT_KEY,
-            fits: exact_key,
-        },
+        Need::new("biz_type", EXACT_KEY, exact_key),
+        Need::new("idempotent_key", EXACT_KEY, exact_key),
         Need {
             column: "status",
             what: "VARCHAR(10) or longer, or TEXT",
             fits: |c| text_of_at_least(c, 10),
         },
-        Need {
-            column: "fence",
-            what: "BIGINT",
-            fits: |c| c.declared == "bigint",
-        },
+        Need::new("fence", "BIGINT", |c| c.declared == "bigint"),
         Need {
             column: "fingerprint",
             what: "VARCHAR(64) or longer, or TEXT",
             fits: |c| text_of_at_least(c, 64),
         },
-        Need {
-            column: "request_body",
-            what: UNBOUNDED_TEXT,
-            fits: unbounded_text,
-        },
-        Need {
-            column: "response_body",
-            what: UNBOUNDED_TEXT,
-            fits: unbounded_text,
-        },
-        Need {
-            column: "error_message",
-            what: UNBOUNDED_TEXT,
-            fits: unbounded_text,
-        },
-        Need {
-            column: "lease_until",
-            what: TIMESTAMPTZ6,
-            fits: timestamptz6,
-        },
-        Need {
-            column: "created_at",
-            what: TIMESTAMPTZ6,
-            fits: timestamptz6,
-        },
-        Need {
-            column: "completed_at",
-            what: TIMESTAMPTZ6,
-            fits: timestamptz6,
-        },
-        Need {
-            column: "expires_at",
-            what: TIMESTAMPTZ6,
-            fits: timestamptz6,
-        },
+        Need::new("request_body", UNBOUNDED_TEXT, unbounded_text),
+        Need::new("response_body", UNBOUNDED_TEXT, unbounded_text),
+        Need::new("error_message", UNBOUNDED_TEXT, unbounded_text),
+        Need::new("lease_until", TIMESTAMPTZ6, timestamptz6),
+        Need::new("created_at", TIMESTAMPTZ6, timestamptz6),
+        Need::new("completed_at", TIMESTAMPTZ6, timestamptz6),
+        Need::new("expires_at", TIMESTAMPTZ6, timestamptz6),
     ];
 
     /// The table's columns and unique keys, from `pg_catalog`.

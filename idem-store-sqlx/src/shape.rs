@@ -41,6 +41,12 @@ pub(crate) struct Need {
     pub fits: fn(&Column) -> bool,
 }
 
+impl Need {
+    pub const fn new(column: &'static str, what: &'static str, fits: fn(&Column) -> bool) -> Self {
+        Self { column, what, fits }
+    }
+}
+
 /// The columns every dialect writes.
 const WRITTEN: [&str; 12] = [
     "biz_type",
@@ -169,11 +175,7 @@ mod tests {
         }
     }
 
-    const NEEDS: [Need; 1] = [Need {
-        column: "fence",
-        what: "BIGINT",
-        fits: |c| c.declared == "bigint",
-    }];
+    const NEEDS: [Need; 1] = [Need::new("fence", "BIGINT", |c| c.declared == "bigint")];
 
     fn key() -> UniqueKey {
         UniqueKey {

@@ -133,66 +133,18 @@ impl SqliteStore {
 
     /// What the statements need of each column on SQLite.
     const NEEDS: &'static [Need] = &[
-        Need {
-            column: "biz_type",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "idempotent_key",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "status",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "fence",
-            what: "INTEGER",
-            fits: |c| c.declared.to_ascii_uppercase().contains("INT"),
-        },
-        Need {
-            column: "fingerprint",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "request_body",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "response_body",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "error_message",
-            what: TEXT,
-            fits: text_affinity,
-        },
-        Need {
-            column: "lease_until",
-            what: INSTANT,
-            fits: instant,
-        },
-        Need {
-            column: "created_at",
-            what: INSTANT,
-            fits: instant,
-        },
-        Need {
-            column: "completed_at",
-            what: INSTANT,
-            fits: instant,
-        },
-        Need {
-            column: "expires_at",
-            what: INSTANT,
-            fits: instant,
-        },
+        Need::new("biz_type", TEXT, text_affinity),
+        Need::new("idempotent_key", TEXT, text_affinity),
+        Need::new("status", TEXT, text_affinity),
+        Need::new("fence", "INTEGER", |c| c.declared.to_ascii_uppercase().contains("INT")),
+        Need::new("fingerprint", TEXT, text_affinity),
+        Need::new("request_body", TEXT, text_affinity),
+        Need::new("response_body", TEXT, text_affinity),
+        Need::new("error_message", TEXT, text_affinity),
+        Need::new("lease_until", INSTANT, instant),
+        Need::new("created_at", INSTANT, instant),
+        Need::new("completed_at", INSTANT, instant),
+        Need::new("expires_at", INSTANT, instant),
     ];
 
     /// The table's columns and unique keys (with the collation each key column is
