@@ -24,6 +24,7 @@
 //! from `None`, 128-bit integers, tuples and structs), which the payload fingerprint
 //! and the replay check (a replay equals the first answer) compare; serde_json is built
 //! with `float_roundtrip` so a replayed float has the first answer's exact bits.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bounds;
 #[cfg(feature = "cache")]
@@ -49,6 +50,7 @@ pub mod __private;
 
 pub use bounds::MAX_DURATION;
 #[cfg(feature = "cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub use cache::CachedStore;
 pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 pub use clock::now;
@@ -62,4 +64,5 @@ pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
 pub use store::{IdempotencyStore, OwnedStore};
 #[cfg(feature = "sweeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]
 pub use sweeper::Sweeper;

@@ -26,6 +26,7 @@ pub async fn purge_expired(store: &dyn IdempotencyStore, batch: u64) -> Result<u
 
 /// A store that can purge itself in the background.
 #[cfg(feature = "sweeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]
 pub trait Sweeper: IdempotencyStore + Sized {
     /// Spawn a task that runs [`purge_expired`] every `period`, in batches of
     /// [`DEFAULT_BATCH`], until the returned handle is aborted; errors are logged and
@@ -41,6 +42,7 @@ impl<S: IdempotencyStore> Sweeper for S {}
 /// Run [`purge_expired`] on `store` every `period`, `batch` records a statement, until
 /// the returned task is aborted; errors are logged and retried at the next period.
 #[cfg(feature = "sweeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]
 pub fn continuously_purge(
     store: std::sync::Arc<dyn IdempotencyStore>,
     period: Duration,

@@ -25,6 +25,7 @@
 //!
 //! Why `chrono`: sqlx encodes `TIMESTAMPTZ` and `DATETIME(6)` through it; `SystemTime`
 //! is converted at the edge of each store.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod claim;
@@ -50,11 +51,14 @@ mod postgres;
 mod sqlite;
 
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use mysql::MySqlStore;
 pub use open::{connect_table, open, open_table};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
 pub use table::DEFAULT_TABLE;
 
