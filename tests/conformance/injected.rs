@@ -97,7 +97,7 @@ async fn status_of(store: &Store, biz: &str, key: &str) -> Option<Status> {
 
 /// Wait (bounded) until the record of `key` is `status`.
 async fn until_status(store: &Store, biz: &str, key: &str, status: Status) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(20);
     while status_of(store, biz, key).await != Some(status) {
         assert!(Instant::now() < deadline, "{key} never became {status}");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -395,5 +395,35 @@ pub async fn store_failures_while_holding_keep_the_key(store: &Store) {
     faulty.heal();
     until_status(store, "injected.lease", &key, Status::Succeeded).await;
     assert_eq!(held(&shared, &key, &runs, Duration::ZERO).await.unwrap(), 1);
+    assert_eq!(runs.count(), 1, "the body ran once");
+}
+
+/// A store that keeps refusing a finished body's response: after twenty leases of tries
+/// the outcome is recorded as a failure, so a duplicate gets `PreviousFailed` and the
+/// body does not run again.
+pub async fn a_response_the_store_keeps_refusing_is_recorded_as_failed(store: &Store) {
+    let faulty = FaultyStore::new(store);
+    faulty.inject(Op::Complete, Fault::Fail, u32::MAX);
+    let shared = faulty.shared();
+    let (key, runs) = (unique("refused-response"), Runs::default());
+    let error = held(&shared, &key, &runs, Duration::ZERO).await.unwrap_err().idem();
+    assert!(
+        matches!(
+            error,
+            Error::Store {
+                operation: "complete",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    until_status(store, "injected.lease", &key, Status::Failed).await;
+    let error = held(&shared, &key, &runs, Duration::ZERO).await.unwrap_err().idem();
+    match &error {
+        Error::PreviousFailed { message, .. } => {
+            assert!(message.contains("response could not be recorded"), "{message}")
+        }
+        other => panic!("expected PreviousFailed, got {other:?}"),
+    }
     assert_eq!(runs.count(), 1, "the body ran once");
 }

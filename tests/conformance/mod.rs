@@ -82,6 +82,7 @@ macro_rules! conformance_suite {
             reentrant_call_fails_at_once,
             durations_are_bounded_by_what_stores_hold,
             store_failures_while_holding_keep_the_key,
+            a_response_the_store_keeps_refusing_is_recorded_as_failed,
         );
         $crate::conformance_suite!(@tests $store; scenarios;
             first_call_runs_once_and_records_success,

@@ -27,9 +27,11 @@ use crate::store::{IdempotencyStore, OwnedStore};
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const LONGEST_RETRY: Duration = Duration::from_secs(1);
 
-/// How long a write handed to its own task keeps trying (at least three leases): past
-/// it the store has refused the write for minutes, and the lease is let go.
-const DETACHED_LIMIT: Duration = Duration::from_secs(300);
+/// How many leases a write handed to its own task keeps trying for (10 minutes for the
+/// default 30 s lease). Past that, a response the store keeps refusing is recorded as a
+/// failure instead, so the body is not run again; only if that fails too is the lease
+/// let go.
+const DETACHED_LEASES: u32 = 20;
 
 /// The longest `error_message` written: every store's column holds it (MySQL's `TEXT`
 /// holds 64 KiB), and a failure is described, not dumped.
@@ -180,8 +182,20 @@ impl Drop for Recording<'_> {
         };
         let store: Arc<dyn IdempotencyStore> = self.store.to_owned_store();
         runtime.spawn(async move {
-            let give_up = Instant::now() + DETACHED_LIMIT.max(write.lease_for * 3);
-            match write.settle(&*store, give_up).await {
+            let give_up = Instant::now() + write.lease_for * DETACHED_LEASES;
+            let settled = match write.settle(&*store, give_up).await {
+                Err(error) if matches!(write.verdict, Verdict::Succeeded(_)) => {
+                    // The store would not take the response (too large, a constraint): a
+                    // duplicate learns that much rather than running the body again.
+                    write.verdict = Verdict::Failed(bounded(format!(
+                        "the body succeeded but its response could not be recorded: {error}"
+                    )));
+                    let give_up = Instant::now() + write.lease_for;
+                    write.settle(&*store, give_up).await
+                }
+                other => other,
+            };
+            match settled {
                 Ok(Settled::Recorded) => tracing::debug!(
                     biz = %write.lease.biz, key = %write.lease.key, "recorded a finished call after its caller left"
                 ),
