@@ -32,28 +32,25 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let key = &args.key;
     let key_stmt = quote_spanned!(key.span()=> let __idem_key = #private::key(&(#key)););
     let biz = &args.biz;
-    // Each duration is checked against the runtime's bound in a `const _` item, which
-    // the compiler always evaluates: out of range is a compile error at the literal.
+    // Each duration is set on the builder, and checked against the runtime's bound in a
+    // `const _` item, which the compiler always evaluates: out of range is a compile
+    // error at the literal.
     let durations = [("ttl", &args.ttl), ("lease", &args.lease), ("wait", &args.wait)];
-    let duration_checks = durations.iter().filter_map(|(option, value)| {
-        value.as_ref().map(|Millis(ms, span)| {
+    let (duration_checks, duration_setters): (Vec<TokenStream>, Vec<TokenStream>) = durations
+        .iter()
+        .filter_map(|(option, value)| value.as_ref().map(|millis| (option, millis)))
+        .map(|(option, Millis(ms, span))| {
             let problem = format!(
                 "`{option}` is out of range: a duration is positive and at most 100 years \
                  (`idem::MAX_DURATION`), the longest every store can hold"
             );
-            respan(quote!(const _: () = #private::check_duration_ms(#ms, #problem);), *span)
-        })
-    });
-    let duration_checks = quote!(#(#duration_checks)*);
-    let millis = |option: &str, value: &Option<Millis>| {
-        value.as_ref().map(|Millis(ms, _)| {
+            let check = respan(quote!(const _: () = #private::check_duration_ms(#ms, #problem);), *span);
             let setter = syn::Ident::new(option, Span::call_site());
-            quote!(.#setter(#private::Duration::from_millis(#ms)))
+            (check, quote!(.#setter(#private::Duration::from_millis(#ms))))
         })
-    };
-    let ttl = millis("ttl", &args.ttl);
-    let lease = millis("lease", &args.lease);
-    let wait = millis("wait", &args.wait);
+        .unzip();
+    let duration_checks = quote!(#(#duration_checks)*);
+    let duration_setters = quote!(#(#duration_setters)*);
     let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));
     let on_error = args
         .on_error
@@ -91,7 +88,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let statements = quote! {
             #duration_checks
             #key_stmt
-            let __idem_op = #krate::Idempotent::new(#biz) #ttl #lease #wait #mode #on_error;
+            let __idem_op = #krate::Idempotent::new(#biz) #duration_setters #mode #on_error;
             #payload
             #store_stmt
             #describe

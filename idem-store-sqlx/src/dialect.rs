@@ -13,7 +13,7 @@ use tokio::sync::OnceCell;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::row::{driver_error, redacted};
 use crate::statements::Statements;
-use crate::table::{checked_table_name, quoted};
+use crate::table::{checked_table_name, derived_name, quoted};
 
 /// What every SQL store holds.
 pub(crate) struct Parts<DB: Database> {
@@ -59,6 +59,12 @@ pub(crate) trait Dialect: Sized {
     fn statements(name: &str, table: &str) -> (Statements, String, String);
     fn from_parts(parts: Parts<Self::Db>) -> Self;
     fn into_parts(self) -> Parts<Self::Db>;
+}
+
+/// The quoted name of the index or constraint `suffix` of the table `name`, bounded
+/// and distinct however long the table's name.
+pub(crate) fn derived_identifier<D: Dialect>(name: &str, suffix: &str) -> String {
+    quoted(&derived_name(name, suffix), D::QUOTE)
 }
 
 /// A store of dialect `D` on `pool` and the table `name` (already checked).

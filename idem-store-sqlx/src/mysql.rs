@@ -25,13 +25,13 @@ use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::MySqlPool;
 
 use crate::claim::Upserted;
-use crate::dialect::{connect, on_table, renamed, Dialect, Parts};
+use crate::dialect::{connect, derived_identifier, on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, utc};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{derived_name, quoted, DEFAULT_TABLE};
+use crate::table::DEFAULT_TABLE;
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
 #[derive(Debug, Clone)]
@@ -103,8 +103,8 @@ impl MySqlStore {
                KEY {} (expires_at), \
                CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
              ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
-            quoted(&derived_name(&self.parts.sql.table, "expires_at"), '`'),
-            quoted(&derived_name(&self.parts.sql.table, "status"), '`'),
+            derived_identifier::<Self>(&self.parts.sql.table, "expires_at"),
+            derived_identifier::<Self>(&self.parts.sql.table, "status"),
         );
         let created = sqlx::query(&create)
             .execute(&self.parts.pool)

@@ -8,13 +8,13 @@ use sqlx::postgres::PgPool;
 use sqlx::Row;
 
 use crate::claim::Upserted;
-use crate::dialect::{connect, on_table, renamed, Dialect, Parts};
+use crate::dialect::{connect, derived_identifier, on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, granted_lease, record_from_row, utc};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{derived_name, quoted, COLUMNS, DEFAULT_TABLE};
+use crate::table::{COLUMNS, DEFAULT_TABLE};
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
@@ -77,7 +77,7 @@ impl PostgresStore {
         );
         let index = format!(
             "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
-            quoted(&derived_name(&self.parts.sql.table, "expires_at"), '"')
+            derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
         );
         for statement in [create, index] {
             sqlx::query(&statement).execute(&mut *tx).await.map_err(failed)?;

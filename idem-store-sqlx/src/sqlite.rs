@@ -7,13 +7,13 @@ use idem_runtime::{Claim, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::claim::Upserted;
-use crate::dialect::{on_table, renamed, Dialect, Parts};
+use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, granted_lease, redacted, sqlite_text};
 use crate::shape::{split_table, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
-use crate::table::{derived_name, quoted, COLUMNS, DEFAULT_TABLE};
+use crate::table::{COLUMNS, DEFAULT_TABLE};
 
 /// The oldest SQLite with `RETURNING` on an upsert.
 const MIN_VERSION: (u32, u32) = (3, 35);
@@ -104,7 +104,7 @@ impl SqliteStore {
         );
         let index = format!(
             "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
-            quoted(&derived_name(&self.parts.sql.table, "expires_at"), '"')
+            derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
         );
         for statement in [create, index] {
             sqlx::query(&statement)
