@@ -125,11 +125,9 @@ impl MySqlStore {
             matches!(c.declared.as_str(), "mediumtext" | "longtext")
         }),
         Need::new("response_body", "LONGTEXT", |c| c.declared == "longtext"),
-        Need {
-            column: "error_message",
-            what: "TEXT, MEDIUMTEXT or LONGTEXT",
-            fits: |c| c.declared.ends_with("text"),
-        },
+        Need::new("error_message", "TEXT, MEDIUMTEXT or LONGTEXT", |c| {
+            c.declared.ends_with("text")
+        }),
         Need::new("lease_until", DATETIME6, datetime6),
         Need::new("created_at", DATETIME6, datetime6),
         Need::new("completed_at", DATETIME6, datetime6),

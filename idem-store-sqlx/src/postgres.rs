@@ -89,17 +89,11 @@ impl PostgresStore {
     const NEEDS: &'static [Need] = &[
         Need::new("biz_type", EXACT_KEY, exact_key),
         Need::new("idempotent_key", EXACT_KEY, exact_key),
-        Need {
-            column: "status",
-            what: "VARCHAR(10) or longer, or TEXT",
-            fits: |c| text_of_at_least(c, 10),
-        },
+        Need::new("status", "VARCHAR(10) or longer, or TEXT", |c| text_of_at_least(c, 10)),
         Need::new("fence", "BIGINT", |c| c.declared == "bigint"),
-        Need {
-            column: "fingerprint",
-            what: "VARCHAR(64) or longer, or TEXT",
-            fits: |c| text_of_at_least(c, 64),
-        },
+        Need::new("fingerprint", "VARCHAR(64) or longer, or TEXT", |c| {
+            text_of_at_least(c, 64)
+        }),
         Need::new("request_body", UNBOUNDED_TEXT, unbounded_text),
         Need::new("response_body", UNBOUNDED_TEXT, unbounded_text),
         Need::new("error_message", UNBOUNDED_TEXT, unbounded_text),

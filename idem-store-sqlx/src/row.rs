@@ -146,6 +146,7 @@ mod tests {
         assert_eq!(redacted("sqlite://data/idem.db"), "sqlite://data/idem.db");
     }
 
+    #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_text_round_trips_and_sorts_as_time() {
         let at = UNIX_EPOCH + Duration::from_micros(1_764_432_000_123_456);

@@ -152,7 +152,7 @@ pub(crate) fn length(declared: &str) -> Option<u64> {
 }
 
 /// A `schema.table` name split into its parts.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
+#[cfg(feature = "mysql")]
 pub(crate) fn split_table(table: &str) -> (Option<&str>, &str) {
     match table.split_once('.') {
         Some((schema, name)) => (Some(schema), name),
@@ -222,6 +222,11 @@ mod tests {
             error.contains("compares `idempotent_key` with the collation NOCASE"),
             "{error}"
         );
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn reads_lengths_and_schemas() {
         assert_eq!(length("varchar(64)"), Some(64));
         assert_eq!(length("text"), None);
         assert_eq!(split_table("s.t"), (Some("s"), "t"));

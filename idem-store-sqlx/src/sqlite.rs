@@ -9,7 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use crate::claim::Upserted;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, granted_lease, redacted, sqlite_text};
-use crate::shape::{split_table, Column, Need, UniqueKey};
+use crate::shape::{Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
@@ -150,8 +150,8 @@ impl SqliteStore {
     /// The table's columns and unique keys (with the collation each key column is
     /// compared with), from SQLite's table-valued pragmas.
     async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
-        let (schema, name) = split_table(&self.parts.sql.table);
-        let schema = schema.unwrap_or("main");
+        // Always a table of the main database: `with_table_name` refuses `schema.table`.
+        let (schema, name) = ("main", self.parts.sql.table.as_str());
         let failed = |e| driver_error("reading the idempotency table's shape", e);
         let rows: Vec<(String, String, bool, bool)> = sqlx::query_as(
             "SELECT name, type, \"notnull\", dflt_value IS NOT NULL FROM pragma_table_info(?1, ?2) ORDER BY cid",
