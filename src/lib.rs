@@ -309,7 +309,7 @@
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
     context, install, installed, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore, Mode,
-    OnError, Record, Status, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
+    OnError, Record, Status, step, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]

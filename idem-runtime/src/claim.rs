@@ -94,13 +94,16 @@ impl<'a> Claim<'a> {
     /// (new `created_at`); a takeover keeps the life and its `created_at`. Both
     /// increment the fence.
     pub fn granted(&self, existing: Option<&Record>) -> Record {
-        let (fence, created_at, fingerprint) = match existing {
-            None => (self.first_fence(), self.now, self.fingerprint.map(str::to_owned)),
-            Some(old) if old.is_expired(self.now) => (old.fence + 1, self.now, self.fingerprint.map(str::to_owned)),
+        let (fence, created_at, fingerprint, steps) = match existing {
+            None => (self.first_fence(), self.now, self.fingerprint.map(str::to_owned), None),
+            Some(old) if old.is_expired(self.now) => {
+                (old.fence + 1, self.now, self.fingerprint.map(str::to_owned), None)
+            }
             Some(old) => (
                 old.fence + 1,
                 old.created_at,
                 self.fingerprint.map(str::to_owned).or_else(|| old.fingerprint.clone()),
+                old.steps.clone(),
             ),
         };
         Record {
@@ -116,6 +119,7 @@ impl<'a> Claim<'a> {
             created_at,
             completed_at: None,
             expires_at: self.expires_at(),
+            steps,
         }
     }
 }

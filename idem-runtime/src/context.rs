@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::Notify;
 
 use crate::claim::Lease;
+use crate::step::StepLog;
 
 tokio::task_local! {
     static CURRENT: Context;
@@ -25,6 +26,8 @@ pub struct Context {
     /// `created_at` of the record's life, in microseconds since the epoch.
     life: u64,
     lease: Arc<LeaseSignal>,
+    /// Where [`step`](crate::step) records; none in a transactional call.
+    steps: Option<Arc<StepLog>>,
 }
 
 /// Set by the heartbeat when a renewal finds the claim taken over.
@@ -46,7 +49,7 @@ impl LeaseSignal {
 }
 
 impl Context {
-    pub(crate) fn new(lease: &Lease, signal: Arc<LeaseSignal>) -> Self {
+    pub(crate) fn new(lease: &Lease, signal: Arc<LeaseSignal>, steps: Option<Arc<StepLog>>) -> Self {
         let life = lease
             .created_at
             .duration_since(UNIX_EPOCH)
@@ -58,6 +61,7 @@ impl Context {
             fence: lease.fence,
             life: u64::try_from(life).unwrap_or(u64::MAX),
             lease: signal,
+            steps,
         }
     }
 
@@ -120,6 +124,10 @@ impl Context {
             }
             notified.await;
         }
+    }
+
+    pub(crate) fn steps(&self) -> Option<Arc<StepLog>> {
+        self.steps.clone()
     }
 
     pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {

@@ -59,6 +59,16 @@ pub enum Error {
         /// Idempotency key.
         key: String,
     },
+    /// [`step`](crate::step) was used where it cannot record anything: outside an
+    /// idempotent body, in a transactional call, or under a name already used in this
+    /// call. The step's future did not run.
+    #[error("step `{step}` cannot run: {reason}")]
+    InvalidStep {
+        /// The step's name.
+        step: String,
+        /// Why, naming the call's biz and key where there is one.
+        reason: String,
+    },
     /// A call with the same key is still running (and `wait` was not set, or ran out).
     #[error("biz `{biz}` key `{key}` is still being processed by an earlier call")]
     InProgress {

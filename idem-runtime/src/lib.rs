@@ -42,6 +42,7 @@ mod memory;
 mod policy;
 mod record;
 mod replay;
+mod step;
 mod store;
 pub mod sweeper;
 
@@ -62,6 +63,7 @@ pub use key::{MAX_BIZ_CHARS, MAX_KEY_BYTES};
 pub use memory::MemoryStore;
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
+pub use step::step;
 pub use store::{IdempotencyStore, OwnedStore};
 #[cfg(feature = "sweeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]

@@ -147,13 +147,21 @@ impl IdempotencyStore for MemoryStore {
         let Some(shelf) = shelves.shelves.get_mut(&lease.biz) else {
             return Ok(FenceCheck::Lost);
         };
-        match shelf.get(&lease.key) {
+        match shelf.get_mut(&lease.key) {
+            Some(record) if lease.holds(record) && record.steps.is_some() => {
+                record.lease_until = Some(record.created_at);
+                Ok(FenceCheck::Held)
+            }
             Some(record) if lease.holds(record) => {
                 shelf.remove(&lease.key);
                 Ok(FenceCheck::Held)
             }
             _ => Ok(FenceCheck::Lost),
         }
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
+        Ok(self.write_held(lease, |record| record.steps = Some(steps.to_owned())))
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

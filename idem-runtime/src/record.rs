@@ -78,6 +78,10 @@ pub struct Record {
     pub completed_at: Option<SystemTime>,
     /// From this instant on the record counts as absent.
     pub expires_at: SystemTime,
+    /// The finished [steps](crate::step) of this life of the record: a JSON object from
+    /// step name to the JSON of its `Ok` value. Kept across takeovers and across a
+    /// release, cleared when the record starts a new life.
+    pub steps: Option<String>,
 }
 
 impl Record {

@@ -46,8 +46,23 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError>;
 
-    /// Delete the holder's record so that a retry runs again.
+    /// Free the key so that a retry runs again: delete the holder's record — or, when
+    /// it holds finished [steps](Record::steps), keep it and let its lease lapse at once
+    /// (`lease_until = created_at`), so the next claim takes it over with its steps.
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError>;
+
+    /// Save the finished steps of the holder's call (`steps`, the whole JSON object of
+    /// [`Record::steps`]), fenced like every holder write.
+    ///
+    /// The default refuses: a store written before steps existed keeps compiling, and
+    /// [`step`](crate::step) on it fails with this error instead of running effects it
+    /// cannot record.
+    async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
+        let _ = (lease, steps);
+        Err(StoreError::new(format!(
+            "the store {self:?} does not record steps (its `IdempotencyStore` impl has no `record_steps`)"
+        )))
+    }
 
     /// The record of `(biz, key)` as stored, expired or not.
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError>;
@@ -89,6 +104,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
         (**self).release(lease).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
+        (**self).record_steps(lease, steps).await
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

@@ -18,12 +18,14 @@ use crate::table::{checked_table_name, derived_name, quoted};
 /// What every SQL store holds.
 pub(crate) struct Parts<DB: Database> {
     pub pool: Pool<DB>,
-    /// The statements every dialect shares, for this table.
-    pub sql: Statements,
+    /// The statements every dialect shares, for this table. (Shared, as the claim's and
+    /// the purge's, so that a clone of the store — one per call that records steps —
+    /// copies no SQL.)
+    pub sql: Arc<Statements>,
     /// The dialect's one-statement claim.
-    pub upsert_sql: String,
+    pub upsert_sql: Arc<str>,
     /// The dialect's bounded purge.
-    pub purge_sql: String,
+    pub purge_sql: Arc<str>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
     pub table_checked: Arc<OnceCell<()>>,
 }
@@ -73,9 +75,9 @@ pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
     let (sql, upsert_sql, purge_sql) = D::statements(&name, &table);
     D::from_parts(Parts {
         pool,
-        sql,
-        upsert_sql,
-        purge_sql,
+        sql: Arc::new(sql),
+        upsert_sql: upsert_sql.into(),
+        purge_sql: purge_sql.into(),
         table_checked: Arc::default(),
     })
 }

@@ -42,7 +42,7 @@ pub struct MySqlStore {
 /// [`COLUMNS`] with the key columns converted to the connection's character set:
 /// their binary collation makes sqlx see bytes, not text.
 const SELECT_COLUMNS: &str = "CONVERT(biz_type USING utf8mb4), CONVERT(idempotent_key USING utf8mb4), status, fence, \
-     fingerprint, request_body, response_body, error_message, lease_until, created_at, completed_at, expires_at";
+     fingerprint, request_body, response_body, error_message, lease_until, created_at, completed_at, expires_at, steps";
 
 /// The claim rule over the row's current values; `VALUES(created_at)`
 /// is the claim's `now`.
@@ -99,6 +99,7 @@ impl MySqlStore {
                created_at DATETIME(6) NOT NULL, \
                completed_at DATETIME(6) NULL, \
                expires_at DATETIME(6) NOT NULL, \
+               steps LONGTEXT NULL, \
                PRIMARY KEY (biz_type, idempotent_key), \
                KEY {} (expires_at), \
                CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
@@ -113,6 +114,9 @@ impl MySqlStore {
             .map_err(|e| driver_error("creating the idempotency table", e));
         self.verify_migration(created).await
     }
+
+    /// The type `migrate` gives the `steps` column.
+    const STEPS_TYPE: &'static str = "LONGTEXT NULL";
 
     /// What the statements need of each column on MySQL and MariaDB.
     const NEEDS: &'static [Need] = &[
@@ -132,6 +136,9 @@ impl MySqlStore {
         Need::new("created_at", DATETIME6, datetime6),
         Need::new("completed_at", DATETIME6, datetime6),
         Need::new("expires_at", DATETIME6, datetime6),
+        Need::new("steps", "MEDIUMTEXT or LONGTEXT", |c| {
+            matches!(c.declared.as_str(), "mediumtext" | "longtext")
+        }),
     ];
 
     /// The table's columns and unique keys, from `information_schema`.
@@ -260,6 +267,7 @@ impl Dialect for MySqlStore {
                response_body = IF({GRANTED}, NULL, response_body), \
                error_message = IF({GRANTED}, NULL, error_message), \
                completed_at = IF({GRANTED}, NULL, completed_at), \
+               steps = IF({GRANTED}, IF(expires_at <= VALUES(created_at), NULL, steps), steps), \
                created_at = IF({GRANTED} AND expires_at <= VALUES(created_at), VALUES(created_at), created_at), \
                fingerprint = IF({GRANTED}, IF(expires_at <= VALUES(created_at), VALUES(fingerprint), \
                                 COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \

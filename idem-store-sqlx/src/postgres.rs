@@ -18,7 +18,7 @@ use crate::table::{COLUMNS, DEFAULT_TABLE};
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
-const GRANTED_AT: usize = 12;
+const GRANTED_AT: usize = 13;
 
 /// Idempotency records in PostgreSQL, instants as `TIMESTAMPTZ`.
 #[derive(Debug, Clone)]
@@ -73,6 +73,7 @@ impl PostgresStore {
                created_at TIMESTAMPTZ NOT NULL, \
                completed_at TIMESTAMPTZ, \
                expires_at TIMESTAMPTZ NOT NULL, \
+               steps TEXT, \
                PRIMARY KEY (biz_type, idempotent_key))"
         );
         let index = format!(
@@ -84,6 +85,9 @@ impl PostgresStore {
         }
         tx.commit().await.map_err(failed)
     }
+
+    /// The type `migrate` gives the `steps` column.
+    const STEPS_TYPE: &'static str = "TEXT";
 
     /// What the statements need of each column on PostgreSQL.
     const NEEDS: &'static [Need] = &[
@@ -101,6 +105,7 @@ impl PostgresStore {
         Need::new("created_at", TIMESTAMPTZ6, timestamptz6),
         Need::new("completed_at", TIMESTAMPTZ6, timestamptz6),
         Need::new("expires_at", TIMESTAMPTZ6, timestamptz6),
+        Need::new("steps", UNBOUNDED_TEXT, unbounded_text),
     ];
 
     /// The table's columns and unique keys, from `pg_catalog`.

@@ -83,6 +83,7 @@ where
         created_at: stamp(row.try_get(9).map_err(column)?)?,
         completed_at: optional_stamp(row.try_get(10).map_err(column)?)?,
         expires_at: stamp(row.try_get(11).map_err(column)?)?,
+        steps: row.try_get(12).map_err(column)?,
         biz: biz.clone(),
         key: key.clone(),
     })

@@ -48,7 +48,7 @@ impl Need {
 }
 
 /// The columns every dialect writes.
-const WRITTEN: [&str; 12] = [
+const WRITTEN: [&str; 13] = [
     "biz_type",
     "idempotent_key",
     "status",
@@ -61,6 +61,7 @@ const WRITTEN: [&str; 12] = [
     "created_at",
     "completed_at",
     "expires_at",
+    "steps",
 ];
 
 /// Check a table against the needs of its dialect; every problem is named in one error.

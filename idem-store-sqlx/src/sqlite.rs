@@ -100,6 +100,7 @@ impl SqliteStore {
                created_at TEXT NOT NULL, \
                completed_at TEXT, \
                expires_at TEXT NOT NULL, \
+               steps TEXT, \
                PRIMARY KEY (biz_type, idempotent_key))"
         );
         let index = format!(
@@ -131,6 +132,9 @@ impl SqliteStore {
         }
     }
 
+    /// The type `migrate` gives the `steps` column.
+    const STEPS_TYPE: &'static str = "TEXT";
+
     /// What the statements need of each column on SQLite.
     const NEEDS: &'static [Need] = &[
         Need::new("biz_type", TEXT, text_affinity),
@@ -145,6 +149,7 @@ impl SqliteStore {
         Need::new("created_at", INSTANT, instant),
         Need::new("completed_at", INSTANT, instant),
         Need::new("expires_at", INSTANT, instant),
+        Need::new("steps", TEXT, text_affinity),
     ];
 
     /// The table's columns and unique keys (with the collation each key column is

@@ -27,7 +27,11 @@ pub(crate) struct Statements {
     pub renew: String,
     pub complete: String,
     pub fail: String,
+    /// Deletes a record without steps.
     pub release: String,
+    /// Lets the lease of a record with steps lapse, keeping them for the next claim.
+    pub park: String,
+    pub record_steps: String,
     pub get: String,
     pub stuck: String,
     pub failed: String,
@@ -60,7 +64,9 @@ impl Statements {
             )),
             complete: finish("SUCCESS", "response_body"),
             fail: finish("FAIL", "error_message"),
-            release: sql(format!("DELETE FROM {table} WHERE {HELD}")),
+            release: sql(format!("DELETE FROM {table} WHERE {HELD} AND steps IS NULL")),
+            park: sql(format!("UPDATE {table} SET lease_until = created_at WHERE {HELD}")),
+            record_steps: sql(format!("UPDATE {table} SET steps = ? WHERE {HELD}")),
             get: sql(format!(
                 "SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?"
             )),
@@ -83,7 +89,7 @@ impl Statements {
 pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
     let text = format!(
         "INSERT INTO {table} AS cur ({COLUMNS}) \
-         VALUES (?1, ?2, 'PROCESSING', ?8, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7) \
+         VALUES (?1, ?2, 'PROCESSING', ?8, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7, NULL) \
          ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
            status = 'PROCESSING', \
            fence = cur.fence + 1, \
@@ -95,6 +101,7 @@ pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
            lease_until = excluded.lease_until, \
            created_at = CASE WHEN cur.expires_at <= ?6 THEN excluded.created_at ELSE cur.created_at END, \
            completed_at = NULL, \
+           steps = CASE WHEN cur.expires_at <= ?6 THEN NULL ELSE cur.steps END, \
            expires_at = excluded.expires_at \
          WHERE cur.expires_at <= ?6 \
             OR (cur.status = 'PROCESSING' AND cur.lease_until <= ?6 \

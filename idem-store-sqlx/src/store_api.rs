@@ -74,10 +74,36 @@ macro_rules! impl_store_api {
                 &self,
                 created: Result<(), idem_runtime::StoreError>,
             ) -> Result<(), idem_runtime::StoreError> {
+                let created = match created {
+                    Ok(()) => self.add_steps_column().await,
+                    Err(error) => Err(error),
+                };
                 let checked = self.ensure_table().await;
                 match created {
                     Ok(()) => checked,
                     Err(error) => Err(checked.err().unwrap_or(error)),
+                }
+            }
+
+            /// A table made before steps existed gets their column (`migrate` is how a
+            /// table is brought up to date). A concurrent start-up that added it first is
+            /// not an error.
+            async fn add_steps_column(&self) -> Result<(), idem_runtime::StoreError> {
+                let has_steps = |columns: &[crate::shape::Column]| {
+                    columns.is_empty() || columns.iter().any(|c| c.name.eq_ignore_ascii_case("steps"))
+                };
+                if has_steps(&self.read_shape().await?.0) {
+                    return Ok(());
+                }
+                let alter = format!(
+                    "ALTER TABLE {} ADD COLUMN steps {}",
+                    self.parts.sql.quoted,
+                    Self::STEPS_TYPE
+                );
+                match sqlx::query(&alter).execute(&self.parts.pool).await {
+                    Ok(_) => Ok(()),
+                    Err(_) if has_steps(&self.read_shape().await?.0) => Ok(()),
+                    Err(e) => Err(crate::row::driver_error("adding the `steps` column", e)),
                 }
             }
 

@@ -69,8 +69,22 @@ macro_rules! impl_idempotency_store {
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                self.write_held("release", sqlx::query(&self.parts.sql.release), lease)
-                    .await
+                match self.write_held("release", sqlx::query(&self.parts.sql.release), lease).await? {
+                    idem_runtime::FenceCheck::Held => Ok(idem_runtime::FenceCheck::Held),
+                    // Not deleted: the record holds steps (or the lease is lost).
+                    idem_runtime::FenceCheck::Lost => {
+                        self.write_held("release", sqlx::query(&self.parts.sql.park), lease).await
+                    }
+                }
+            }
+
+            async fn record_steps(
+                &self,
+                lease: &idem_runtime::Lease,
+                steps: &str,
+            ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
+                let query = sqlx::query(&self.parts.sql.record_steps).bind(steps);
+                self.write_held("record_steps", query, lease).await
             }
 
             async fn get(

@@ -8,7 +8,7 @@ pub const DEFAULT_TABLE: &str = "idempotent_record";
 #[cfg(any(feature = "sqlite", feature = "postgres", test))]
 /// Every column, in the order `SELECT` lists them and rows are decoded.
 pub(crate) const COLUMNS: &str = "biz_type, idempotent_key, status, fence, fingerprint, request_body, \
-     response_body, error_message, lease_until, created_at, completed_at, expires_at";
+     response_body, error_message, lease_until, created_at, completed_at, expires_at, steps";
 
 /// Check `name` as an SQL identifier (optionally `schema.table`): it is spliced into
 /// statements, so only letters, digits and `_` are accepted, 63 bytes at most a part.

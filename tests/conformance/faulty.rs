@@ -22,6 +22,7 @@ pub enum Op {
     Complete,
     Fail,
     Release,
+    RecordSteps,
     Get,
     Purge,
 }
@@ -172,6 +173,10 @@ impl IdempotencyStore for FaultyStore {
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
         self.call(Op::Release, self.inner.release(lease)).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
+        self.call(Op::RecordSteps, self.inner.record_steps(lease, steps)).await
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

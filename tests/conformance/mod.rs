@@ -12,6 +12,7 @@ pub mod database;
 pub mod faulty;
 pub mod injected;
 pub mod scenarios;
+pub mod steps;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -83,6 +84,14 @@ macro_rules! conformance_suite {
             durations_are_bounded_by_what_stores_hold,
             store_failures_while_holding_keep_the_key,
             a_response_the_store_keeps_refusing_is_recorded_as_failed,
+        );
+        $crate::conformance_suite!(@tests $store; steps;
+            takeover_replays_finished_steps,
+            released_call_keeps_its_steps,
+            failed_step_is_not_recorded,
+            step_misuse_is_refused,
+            stale_holder_cannot_record_steps,
+            a_new_life_starts_without_steps,
         );
         $crate::conformance_suite!(@tests $store; scenarios;
             first_call_runs_once_and_records_success,

@@ -14,6 +14,7 @@ use crate::context::{inside, Context, LeaseSignal};
 use crate::error::{Error, StoreError};
 use crate::executor::Idempotent;
 use crate::key::{biz_problem, key_problem};
+use crate::step::StepLog;
 use crate::store::OwnedStore;
 
 use admission::Admitted;
@@ -42,7 +43,8 @@ impl Call<'_> {
             Admitted::Replayed(value) => return Ok(value),
         };
         let signal = Arc::new(LeaseSignal::default());
-        let context = Context::new(&lease, signal.clone());
+        let steps = StepLog::new(self.store.to_owned_store(), lease.clone());
+        let context = Context::new(&lease, signal.clone(), Some(Arc::new(steps)));
         let outcome = self.hold(&lease, &signal, context.scope(body)).await;
         self.record(lease, outcome, describe).await
     }

@@ -1,0 +1,169 @@
+//! Steps (DESIGN §3c): a finished step is recorded with the record, fenced, and given
+//! back instead of run again — after a takeover, after a release, never across lives.
+
+use std::time::Duration;
+
+use idem::store::{Claim, ClaimOutcome, FenceCheck, Lease};
+use idem::{idempotent, step, Error, Status};
+
+use super::calls::{AppError, Runs, Store};
+use super::unique;
+
+const BIZ: &str = "conformance.steps";
+
+/// Where the body stops after its first step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum After {
+    /// Goes on to the second step.
+    GoOn,
+    /// Hangs (the caller drops it: the process died, as far as the record knows).
+    Hang,
+    /// Returns `Err` (`on_error = Release`).
+    Fail,
+}
+
+/// Charges, then sends an SMS, each a step; counts each effect.
+#[idempotent(key = key, biz = "conformance.steps", store = store, lease = "300ms")]
+pub async fn charge_then_sms(
+    store: &Store,
+    key: &str,
+    charges: &Runs,
+    texts: &Runs,
+    after: After,
+) -> Result<String, AppError> {
+    let charge: u32 = step("charge", async { Ok::<_, AppError>(charges.hit()) }).await?;
+    match after {
+        After::GoOn => {}
+        After::Hang => std::future::pending::<()>().await,
+        After::Fail => return Err(AppError::Declined("after the charge".into())),
+    }
+    let sms: u32 = step("sms", async { Ok::<_, AppError>(texts.hit()) }).await?;
+    Ok(format!("charge {charge} sms {sms}"))
+}
+
+/// A step whose effect fails on its first run.
+#[idempotent(key = key, biz = "conformance.steps", store = store)]
+async fn flaky_step(store: &Store, key: &str, runs: &Runs) -> Result<u32, AppError> {
+    step("flaky", async {
+        match runs.hit() {
+            1 => Err(AppError::Declined("the bank timed out".into())),
+            n => Ok(n),
+        }
+    })
+    .await
+}
+
+/// Uses one step name twice.
+#[idempotent(key = key, biz = "conformance.steps", store = store)]
+async fn repeated_step(store: &Store, key: &str, runs: &Runs) -> Result<u32, AppError> {
+    let first: u32 = step("same", async { Ok::<_, AppError>(runs.hit()) }).await?;
+    let second: u32 = step("same", async { Ok::<_, AppError>(runs.hit()) }).await?;
+    Ok(first + second)
+}
+
+pub async fn takeover_replays_finished_steps(store: &Store) {
+    let key = unique("steps-takeover");
+    let (charges, texts) = (Runs::default(), Runs::default());
+    let died = tokio::time::timeout(
+        Duration::from_millis(150),
+        charge_then_sms(store, &key, &charges, &texts, After::Hang),
+    )
+    .await;
+    assert!(died.is_err(), "the first attempt stopped between its steps");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn).await.unwrap();
+    assert_eq!(done, "charge 1 sms 1", "the takeover got the recorded charge back");
+    assert_eq!((charges.count(), texts.count()), (1, 1), "each effect ran once");
+    let again = charge_then_sms(store, &key, &charges, &texts, After::GoOn).await.unwrap();
+    assert_eq!(again, done);
+    assert_eq!((charges.count(), texts.count()), (1, 1));
+}
+
+pub async fn released_call_keeps_its_steps(store: &Store) {
+    let key = unique("steps-release");
+    let (charges, texts) = (Runs::default(), Runs::default());
+    let failed = charge_then_sms(store, &key, &charges, &texts, After::Fail).await;
+    assert!(matches!(failed, Err(AppError::Declined(_))), "{failed:?}");
+    let kept = store.get(BIZ, &key).await.unwrap().expect("the record stays for its steps");
+    assert_eq!(kept.status, Status::Processing);
+    assert_eq!(kept.lease_until, Some(kept.created_at), "released: the lease lapsed at once");
+    assert!(kept.steps.as_deref().unwrap().contains("charge"), "{kept:?}");
+    let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn).await.unwrap();
+    assert_eq!(done, "charge 1 sms 1", "the retry did not charge again");
+    assert_eq!((charges.count(), texts.count()), (1, 1));
+    assert_eq!(store.get(BIZ, &key).await.unwrap().unwrap().status, Status::Succeeded);
+}
+
+pub async fn failed_step_is_not_recorded(store: &Store) {
+    let key = unique("steps-failed");
+    let runs = Runs::default();
+    let first = flaky_step(store, &key, &runs).await;
+    assert!(matches!(first, Err(AppError::Declined(_))), "{first:?}");
+    assert!(
+        store.get(BIZ, &key).await.unwrap().is_none(),
+        "no step finished: the release deleted the record"
+    );
+    assert_eq!(flaky_step(store, &key, &runs).await.unwrap(), 2, "the step ran again");
+    assert_eq!(flaky_step(store, &key, &runs).await.unwrap(), 2, "then replays");
+    assert_eq!(runs.count(), 2);
+}
+
+pub async fn step_misuse_is_refused(store: &Store) {
+    let runs = Runs::default();
+    let outside = step("charge", async { Ok::<u32, Error>(runs.hit()) }).await.unwrap_err();
+    assert!(
+        matches!(&outside, Error::InvalidStep { step, reason } if step == "charge" && reason.contains("outside")),
+        "{outside}"
+    );
+    let key = unique("steps-repeated");
+    let repeated = repeated_step(store, &key, &runs).await.unwrap_err().idem();
+    assert!(
+        matches!(&repeated, Error::InvalidStep { step, reason } if step == "same" && reason.contains("unique")),
+        "{repeated}"
+    );
+    assert_eq!(runs.count(), 1, "neither the outside step nor the repeated one ran its effect");
+}
+
+pub async fn stale_holder_cannot_record_steps(store: &Store) {
+    let key = unique("steps-fence");
+    let now = idem::store::now();
+    let claim = |at, lease| Claim::new(BIZ, &key, at, lease, Duration::from_secs(60));
+    let acquired = |outcome| match outcome {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("expected a grant, got {other:?}"),
+    };
+    let old: Lease = acquired(
+        store
+            .claim(&claim(now - Duration::from_secs(5), Duration::from_secs(1)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(store.record_steps(&old, r#"{"a":"1"}"#).await.unwrap(), FenceCheck::Held);
+    let new = acquired(store.claim(&claim(now, Duration::from_secs(30))).await.unwrap());
+    let taken = store.get(BIZ, &key).await.unwrap().unwrap();
+    assert_eq!(taken.steps.as_deref(), Some(r#"{"a":"1"}"#), "a takeover keeps the life's steps");
+    assert_eq!(store.record_steps(&old, r#"{"b":"2"}"#).await.unwrap(), FenceCheck::Lost);
+    assert_eq!(store.release(&old).await.unwrap(), FenceCheck::Lost);
+    let kept = store.get(BIZ, &key).await.unwrap().unwrap();
+    assert_eq!(kept.steps.as_deref(), Some(r#"{"a":"1"}"#), "the stale holder changed nothing");
+    assert_eq!(kept.fence, new.fence);
+    assert_eq!(store.record_steps(&new, r#"{"a":"1","c":"3"}"#).await.unwrap(), FenceCheck::Held);
+}
+
+pub async fn a_new_life_starts_without_steps(store: &Store) {
+    let key = unique("steps-life");
+    let long_ago = idem::store::now() - Duration::from_secs(3600);
+    let ClaimOutcome::Acquired(old) = store
+        .claim(&Claim::new(BIZ, &key, long_ago, Duration::from_secs(1), Duration::from_secs(2)))
+        .await
+        .unwrap()
+    else {
+        panic!("the first claim is granted");
+    };
+    assert_eq!(store.record_steps(&old, r#"{"a":"1"}"#).await.unwrap(), FenceCheck::Held);
+    let fresh = Claim::new(BIZ, &key, idem::store::now(), Duration::from_secs(30), Duration::from_secs(60));
+    assert!(matches!(store.claim(&fresh).await.unwrap(), ClaimOutcome::Acquired(_)));
+    let record = store.get(BIZ, &key).await.unwrap().unwrap();
+    assert_ne!(record.created_at, old.created_at, "a new life");
+    assert_eq!(record.steps, None, "the expired life's steps are not carried over");
+}
