@@ -308,8 +308,9 @@
 
 pub use idem_macros::idempotent;
 pub use idem_runtime::{
-    context, install, installed, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore, Mode,
-    OnError, Record, Status, step, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
+    context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,
+    Mode, OnError, Record, Status, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
+    MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]
@@ -326,13 +327,23 @@ pub use idem_runtime::sweeper;
 /// writes under, and the store's own error. Applications need none of it.
 pub mod store {
     pub use idem_runtime::{
-        fingerprints_agree, now, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, OwnedStore, Record, Status,
-        StoreError, UnknownStatus,
+        fingerprints_agree, now, Admission, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, OwnedStore,
+        Record, Status, StoreError, TransactionClaim, TransactionStore, UnknownStatus,
     };
 }
 
+/// What `#[idempotent]` expands to. Not a public API.
 #[doc(hidden)]
-pub use idem_runtime::__private;
+pub mod __private {
+    pub use idem_runtime::__private::*;
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    pub use idem_store_sqlx::{admit, Admitted};
+
+    /// A `store = ...` handle as the store trait object transactional mode looks into.
+    pub fn store_of<'a>(handle: &'a StoreHandle<'_>) -> &'a dyn crate::IdempotencyStore {
+        &**handle
+    }
+}
 
 /// sqlx itself, the version the database stores are built on, so an application names
 /// one version of it: `idem::sqlx::PgPool`.
@@ -345,7 +356,10 @@ pub use idem_store_sqlx::sqlx;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sql {
-    pub use idem_store_sqlx::{connect_table, open, open_table, DEFAULT_TABLE};
+    pub use idem_runtime::DEFAULT_TRANSACTION_WAIT;
+    pub use idem_store_sqlx::{
+        connect_table, execute_in, open, open_table, BodyFuture, TransactionDatabase, DEFAULT_TABLE,
+    };
 }
 
 #[cfg(feature = "mysql")]

@@ -13,8 +13,8 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 10] = [
-    "key", "biz", "ttl", "mode", "lease", "on_error", "wait", "payload", "store", "crate",
+const OPTIONS: [&str; 11] = [
+    "key", "biz", "ttl", "mode", "lease", "on_error", "wait", "payload", "store", "tx", "crate",
 ];
 const MAX_BIZ_CHARS: usize = 64;
 
@@ -151,6 +151,8 @@ pub struct Args {
     pub on_error: Option<Ident>,
     pub payload: Option<Expr>,
     pub store: Option<Expr>,
+    /// The parameter holding the caller's transaction (transactional mode).
+    pub tx: Option<Ident>,
     pub krate: Option<Path>,
 }
 
@@ -204,6 +206,7 @@ impl Args {
                         "a store, such as \"self.store\" or \"&store\"",
                     ))
                 }
+                "tx" => options.tx = errors.handle(parameter_name(value)),
                 _ => options.krate = errors.handle(crate_path(value)),
             }
         }
@@ -233,6 +236,7 @@ impl Args {
             on_error: options.on_error,
             payload: options.payload,
             store: options.store,
+            tx: options.tx,
             krate: options.krate,
         })
     }
@@ -250,7 +254,22 @@ struct Options {
     on_error: Option<Ident>,
     payload: Option<Expr>,
     store: Option<Expr>,
+    tx: Option<Ident>,
     krate: Option<Path>,
+}
+
+/// `tx = tx` or `tx = "tx"`: the name of the parameter that holds the transaction.
+fn parameter_name(value: &Expr) -> darling::Result<Ident> {
+    let hint = "`tx` names the parameter that holds the transaction, such as `tx = tx` for \
+                `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`";
+    let ident = match value {
+        Expr::Path(path) if path.qself.is_none() => path.path.get_ident().cloned(),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(text), ..
+        }) => text.parse::<Ident>().ok(),
+        _ => None,
+    };
+    ident.ok_or_else(|| Error::custom(hint).with_span(value))
 }
 
 /// A value parser's error with the option's name put in, keeping its span.

@@ -58,6 +58,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let payload = args
         .payload
         .map(|payload| quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));));
+    let has_store = args.store.is_some();
     let (store_stmt, store_arg) = match args.store {
         Some(store) => (
             quote_spanned!(store.span()=> let __idem_store = #private::store(&(#store));),
@@ -85,6 +86,23 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
         ret_span,
     );
 
+    let body = quote! {
+        async move {
+            // Fixes the block's return type before its first `?`, as async-trait does.
+            #[allow(unreachable_code)]
+            if let ::core::option::Option::Some(__idem_ret) = ::core::option::Option::None::<#ret> {
+                return __idem_ret;
+            }
+            #block
+        }
+    };
+    let call = match &args.tx {
+        None => quote! {
+            let __idem_body = #body;
+            #run
+        },
+        Some(tx) => transactional(&private, tx, &ret, has_store, &body, ret_span),
+    };
     let statements = quote! {
             #duration_checks
             #key_stmt
@@ -92,20 +110,63 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
             #payload
             #store_stmt
             #describe
-            let __idem_body = async move {
-                // Fixes the block's return type before its first `?`, as async-trait does.
-                #[allow(unreachable_code)]
-                if let ::core::option::Option::Some(__idem_ret) = ::core::option::Option::None::<#ret> {
-                    return __idem_ret;
-                }
-                #block
-            };
-            #run
+            #call
     };
     // The fn's braces are spanned on the return type too: rustc reports the bounds of
     // the awaited future at the body, and they belong to the return type.
     let body = quote_spanned!(ret_span=> { #inner_attrs #statements });
     quote!(#(#attrs)* #vis #sig #body)
+}
+
+/// Transactional mode: admission on the transaction in parameter `tx`, the body with
+/// `tx` reborrowed for it, the outcome recorded on the transaction again.
+fn transactional(
+    private: &TokenStream,
+    tx: &syn::Ident,
+    ret: &TokenStream,
+    has_store: bool,
+    body: &TokenStream,
+    ret_span: Span,
+) -> TokenStream {
+    let store = if has_store {
+        quote!(::core::option::Option::Some(#private::store_of(&__idem_store)))
+    } else {
+        quote!(::core::option::Option::None)
+    };
+    let returns = quote!(<#ret as #private::IdempotentReturn>);
+    let admit = respan(
+        quote! {
+            let __idem_tx = #tx;
+            let __idem_call = match #private::admit::<_, #returns::Ok>(&__idem_op, #store, &mut *__idem_tx, __idem_key).await {
+                ::core::result::Result::Ok(#private::Admitted::Claimed(__idem_call)) => __idem_call,
+                ::core::result::Result::Ok(#private::Admitted::Replayed(__idem_value)) => {
+                    return #returns::from_result(::core::result::Result::Ok(__idem_value));
+                }
+                ::core::result::Result::Err(__idem_error) => {
+                    return #returns::from_result(::core::result::Result::Err(__idem_error.into()));
+                }
+            };
+        },
+        ret_span,
+    );
+    let record = respan(
+        quote! {
+            #returns::from_result(
+                __idem_call.record(&mut *__idem_tx, #returns::into_result(__idem_outcome), __idem_describe).await
+            )
+        },
+        ret_span,
+    );
+    // The body keeps its own spans; `tx` in it is the reborrow made for it.
+    quote! {
+        #admit
+        let __idem_outcome = __idem_call.run({
+            #[allow(unused_variables)]
+            let #tx = &mut *__idem_tx;
+            #body
+        }).await;
+        #record
+    }
 }
 
 /// Where `idem` is for the crate being compiled: its name in that crate's `Cargo.toml`,

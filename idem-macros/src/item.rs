@@ -141,6 +141,42 @@ pub fn check_store(item: &IdempotentFn, store: Option<&syn::Expr>) -> syn::Resul
     Ok(())
 }
 
+/// `tx = name` names a parameter of the fn, bound by a plain identifier.
+pub fn check_tx(item: &IdempotentFn, tx: Option<&syn::Ident>) -> syn::Result<()> {
+    let Some(tx) = tx else { return Ok(()) };
+    let found = item.sig.inputs.iter().any(|input| {
+        matches!(input, syn::FnArg::Typed(typed)
+            if matches!(&*typed.pat, syn::Pat::Ident(pat) if pat.ident == *tx && pat.subpat.is_none()))
+    });
+    if found {
+        return Ok(());
+    }
+    let names: Vec<String> = item
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            syn::FnArg::Typed(typed) => match &*typed.pat {
+                syn::Pat::Ident(pat) => Some(format!("`{}`", pat.ident)),
+                _ => None,
+            },
+            syn::FnArg::Receiver(_) => None,
+        })
+        .collect();
+    Err(syn::Error::new_spanned(
+        tx,
+        format!(
+            "`tx = {tx}` names no parameter of this fn (its parameters: {}); name the one of type \
+             `&mut sqlx::Transaction<'_, DB>`",
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        ),
+    ))
+}
+
 /// `-> Pin<Box<dyn Future<Output = ..> + Send + 'async_trait>>`.
 fn rewritten_by_async_trait(output: &ReturnType) -> bool {
     let ReturnType::Type(_, ty) = output else {

@@ -56,6 +56,12 @@ mod item;
 ///   `idem::Error::PayloadMismatch`. `payload = "req"`.
 /// - `store` (default: the store given to `idem::install`): `&S` for a `Clone` store,
 ///   `Arc<S>` or `Arc<dyn IdempotencyStore>`. `store = "self.store"`.
+/// - `tx` (default: none): transactional mode. Names the parameter of type
+///   `&mut sqlx::Transaction<'_, DB>` (SQLite, PostgreSQL, MySQL): the claim and the
+///   record are written in that transaction and commit or roll back with the body's own
+///   writes. `store`, if given, picks the table (a store of the same database); `lease`
+///   does not apply (nothing is visible to others before the commit); `wait` bounds the
+///   wait for another open transaction holding the key (default 5 s). `tx = tx`.
 /// - `crate` (default `::idem`): where `idem` is when the dependency is renamed.
 ///   `crate = ::my_idem`.
 ///
@@ -82,5 +88,6 @@ fn attribute(
     item::check(&func).map_err(|e| e.to_compile_error())?;
     let args = args::Args::parse(attr).map_err(darling::Error::write_errors)?;
     item::check_store(&func, args.store.as_ref()).map_err(|e| e.to_compile_error())?;
+    item::check_tx(&func, args.tx.as_ref()).map_err(|e| e.to_compile_error())?;
     Ok(expand::expand(args, func))
 }

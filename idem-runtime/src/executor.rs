@@ -169,6 +169,11 @@ impl Idempotent {
         self
     }
 
+    /// The store given to [`store`](Self::store), if one was.
+    pub fn given_store(&self) -> Option<&Arc<dyn IdempotencyStore>> {
+        self.store.as_ref()
+    }
+
     /// The business namespace.
     pub fn biz(&self) -> &str {
         &self.biz

@@ -51,6 +51,12 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     /// (`lease_until = created_at`), so the next claim takes it over with its steps.
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError>;
 
+    /// The store as `Any`, for integrations that work only with one kind of store (the
+    /// SQL stores' transactional mode finds its table through it). `None` by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+
     /// Save the finished steps of the holder's call (`steps`, the whole JSON object of
     /// [`Record::steps`]), fenced like every holder write.
     ///
@@ -108,6 +114,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
         (**self).record_steps(lease, steps).await
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        (**self).as_any()
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

@@ -66,15 +66,25 @@ where
             Upserted::Refused(Some(record)) => Some(record),
             Upserted::Refused(None) => read().await?,
         };
-        match stood {
-            Some(record) if !claim.admits(&record) => return Ok(ClaimOutcome::Existing(record)),
-            _ => continue,
+        if let Some(existing) = standing(claim, stood) {
+            return Ok(existing);
         }
     }
-    Err(StoreError::new(format!(
+    Err(changed_under(claim))
+}
+
+/// The answer of a refused claim when the record that `stood` in its way still does;
+/// `None` when it vanished or became claimable (go round again).
+pub(crate) fn standing(claim: &Claim<'_>, stood: Option<Record>) -> Option<ClaimOutcome> {
+    stood.filter(|record| !claim.admits(record)).map(ClaimOutcome::Existing)
+}
+
+/// The error of a claim that went round [`CLAIM_ATTEMPTS`] times.
+pub(crate) fn changed_under(claim: &Claim<'_>) -> StoreError {
+    StoreError::new(format!(
         "the record of biz `{}` key `{}` changed under {CLAIM_ATTEMPTS} claims in a row; try again",
         claim.biz, claim.key
-    )))
+    ))
 }
 
 #[cfg(test)]

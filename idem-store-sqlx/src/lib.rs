@@ -42,6 +42,8 @@ mod store_api;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod store_impl;
 mod table;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod transaction;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -61,6 +63,10 @@ pub use postgres::PostgresStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
 pub use table::DEFAULT_TABLE;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use transaction::{
+    admit, execute_in, Admitted, BodyFuture, InTransaction, Table, TransactionCall, TransactionDatabase, Write,
+};
 
 /// The sqlx this crate is built on, so that applications name the same version.
 pub use sqlx;

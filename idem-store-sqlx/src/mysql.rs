@@ -18,11 +18,11 @@
 //! condition's value (see the comment in `build`). A finished record's `lease_until`
 //! is its completion time, never NULL, which that order relies on.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
-use sqlx::mysql::MySqlPool;
+use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
 use crate::claim::Upserted;
 use crate::dialect::{connect, derived_identifier, on_table, renamed, Dialect, Parts};
@@ -32,6 +32,7 @@ use crate::statements::{Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
+use crate::transaction::{impl_transaction_database, Table};
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
 #[derive(Debug, Clone)]
@@ -199,6 +200,29 @@ impl MySqlStore {
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
+        use idem_runtime::IdempotencyStore;
+        Self::upserted(claim, &done, || self.get(claim.biz, claim.key)).await
+    }
+
+    /// The claim statement on a transaction's connection.
+    async fn upsert_in(conn: &mut MySqlConnection, table: &Table, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
+        let done = bind_claim!(sqlx::query(&table.upsert_sql), claim, Self::stamp)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        Self::upserted(claim, &done, move || {
+            Self::read_in(conn, &table.sql, claim.biz, claim.key)
+        })
+        .await
+    }
+
+    /// What the claim statement's counts say; a takeover is confirmed by `read`ing the
+    /// record (its life's `created_at`).
+    async fn upserted<R, F>(claim: &Claim<'_>, done: &MySqlQueryResult, read: R) -> Result<Upserted, StoreError>
+    where
+        R: FnOnce() -> F,
+        F: std::future::Future<Output = Result<Option<idem_runtime::Record>, StoreError>>,
+    {
         let lease = |fence, created_at| Lease {
             biz: claim.biz.to_owned(),
             key: claim.key.to_owned(),
@@ -209,8 +233,7 @@ impl MySqlStore {
             (1, 0) => Ok(Upserted::Granted(lease(claim.first_fence(), utc(claim.now).into()))),
             (2, fence) => {
                 // Granted on an existing row; a takeover kept the row's `created_at`.
-                use idem_runtime::IdempotencyStore;
-                match self.get(claim.biz, claim.key).await? {
+                match read().await? {
                     Some(record) if record.fence == fence => Ok(Upserted::Granted(lease(fence, record.created_at))),
                     other => Err(StoreError::new(format!(
                         "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
@@ -222,6 +245,38 @@ impl MySqlStore {
             }
             _ => Ok(Upserted::Refused(None)),
         }
+    }
+
+    /// Bound the claim's wait for another transaction's lock by the session's
+    /// `innodb_lock_wait_timeout` (whole seconds, rounded up), kept in `@idem_wait` to
+    /// restore. A lock wait timeout rolls back the statement alone.
+    async fn lock_wait_begin(conn: &mut MySqlConnection, wait: Duration) -> Result<(), StoreError> {
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        sqlx::Executor::execute(
+            &mut *conn,
+            format!(
+                "SET @idem_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = {}",
+                seconds.clamp(1, 1_073_741_824)
+            )
+            .as_str(),
+        )
+        .await
+        .map(drop)
+        .map_err(|e| driver_error("bounding the claim's lock wait", e))
+    }
+
+    /// Restore the session's `innodb_lock_wait_timeout`.
+    async fn lock_wait_end(conn: &mut MySqlConnection, _restore: (), _claimed: bool) -> Result<(), StoreError> {
+        sqlx::Executor::execute(&mut *conn, "SET SESSION innodb_lock_wait_timeout = @idem_wait")
+            .await
+            .map(drop)
+            .map_err(|e| driver_error("restoring innodb_lock_wait_timeout", e))
+    }
+
+    /// ER_LOCK_WAIT_TIMEOUT.
+    fn is_lock_wait(error: &sqlx::Error) -> bool {
+        matches!(error, sqlx::Error::Database(db)
+            if db.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|e| e.number() == 1205))
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
@@ -293,6 +348,7 @@ impl Dialect for MySqlStore {
 
 impl_idempotency_store!(MySqlStore, sqlx::MySql, NaiveDateTime);
 impl_store_api!(MySqlStore, sqlx::MySql, NaiveDateTime);
+impl_transaction_database!(MySqlStore, sqlx::MySql, "MySQL");
 
 const EXACT_KEY: &str =
     "VARCHAR with a binary no-pad collation (utf8mb4_nopad_bin on MariaDB, utf8mb4_0900_bin on MySQL), or VARBINARY";

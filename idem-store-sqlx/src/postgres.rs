@@ -1,10 +1,10 @@
 //! The store on PostgreSQL.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use chrono::{DateTime, Utc};
 use idem_runtime::{Claim, StoreError};
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::Row;
 
 use crate::claim::Upserted;
@@ -15,6 +15,7 @@ use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
+use crate::transaction::{impl_transaction_database, Table};
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
@@ -173,14 +174,64 @@ impl PostgresStore {
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
-        if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, &row, GRANTED_AT)? {
+        Self::upserted(claim, &row)
+    }
+
+    /// The claim statement on a transaction's connection (no deadlock retry: a deadlock
+    /// is the transaction's to handle).
+    async fn upsert_in(conn: &mut PgConnection, table: &Table, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
+        let row = bind_claim!(sqlx::query(&table.upsert_sql), claim, Self::stamp)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        Self::upserted(claim, &row)
+    }
+
+    /// What the claim statement's row says: granted, or the record that stood in the way.
+    fn upserted(claim: &Claim<'_>, row: &PgRow) -> Result<Upserted, StoreError> {
+        if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, row, GRANTED_AT)? {
             return Ok(Upserted::Granted(lease));
         }
         let stood: Option<String> = row.try_get(0).map_err(|e| driver_error("claim", e))?;
         match stood {
-            Some(_) => Ok(Upserted::Refused(Some(record_from_row::<_, DateTime<Utc>>(&row)?))),
+            Some(_) => Ok(Upserted::Refused(Some(record_from_row::<_, DateTime<Utc>>(row)?))),
             None => Ok(Upserted::Refused(None)),
         }
+    }
+
+    /// Bound the claim's wait for another transaction's lock by `lock_timeout`, under a
+    /// savepoint: the setting it replaces, to restore.
+    async fn lock_wait_begin(conn: &mut PgConnection, wait: Duration) -> Result<String, StoreError> {
+        let millis = wait.as_millis().clamp(1, i32::MAX as u128);
+        let row = sqlx::Executor::fetch_one(&mut *conn, format!(
+            "SAVEPOINT idem_claim; SELECT current_setting('lock_timeout'), set_config('lock_timeout', '{millis}ms', true)"
+        ).as_str())
+        .await
+        .map_err(|e| driver_error("bounding the claim's lock wait", e))?;
+        row.try_get(0)
+            .map_err(|e| driver_error("bounding the claim's lock wait", e))
+    }
+
+    /// Restore `lock_timeout`; release the savepoint, or roll back to it when the claim
+    /// failed, so the caller's transaction goes on as it was.
+    async fn lock_wait_end(conn: &mut PgConnection, restore: String, claimed: bool) -> Result<(), StoreError> {
+        let sql = if claimed {
+            format!(
+                "RELEASE SAVEPOINT idem_claim; SELECT set_config('lock_timeout', '{}', true)",
+                restore.replace('\'', "''")
+            )
+        } else {
+            "ROLLBACK TO SAVEPOINT idem_claim; RELEASE SAVEPOINT idem_claim".to_owned()
+        };
+        sqlx::Executor::execute(&mut *conn, sql.as_str())
+            .await
+            .map(drop)
+            .map_err(|e| driver_error("ending the claim's savepoint", e))
+    }
+
+    /// `lock_not_available`: `lock_timeout` ran out.
+    fn is_lock_wait(error: &sqlx::Error) -> bool {
+        matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
@@ -235,6 +286,7 @@ impl Dialect for PostgresStore {
 
 impl_idempotency_store!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
 impl_store_api!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
+impl_transaction_database!(PostgresStore, sqlx::Postgres, "PostgreSQL");
 
 const EXACT_KEY: &str =
     "VARCHAR or TEXT with a deterministic collation (CHAR(n) ignores trailing spaces in comparisons)";

@@ -4,7 +4,7 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::{Claim, StoreError};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow};
 
 use crate::claim::Upserted;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
@@ -14,6 +14,7 @@ use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
+use crate::transaction::{impl_transaction_database, Table};
 
 /// The oldest SQLite with `RETURNING` on an upsert.
 const MIN_VERSION: (u32, u32) = (3, 35);
@@ -217,11 +218,53 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| driver_error("claim", e))?;
+        Self::upserted(claim, granted)
+    }
+
+    /// The claim statement on a transaction's connection.
+    async fn upsert_in(conn: &mut SqliteConnection, table: &Table, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
+        let granted = bind_claim!(sqlx::query(&table.upsert_sql), claim, Self::stamp)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        Self::upserted(claim, granted)
+    }
+
+    /// What the claim statement returned: a row when it granted.
+    fn upserted(claim: &Claim<'_>, granted: Option<SqliteRow>) -> Result<Upserted, StoreError> {
         let lease = match granted {
             Some(row) => granted_lease::<_, String>(claim, &row, 0)?,
             None => None,
         };
         Ok(lease.map_or(Upserted::Refused(None), Upserted::Granted))
+    }
+
+    /// Bound the claim's wait for another writer by the connection's `busy_timeout`:
+    /// the timeout it replaces, to restore.
+    async fn lock_wait_begin(conn: &mut SqliteConnection, wait: Duration) -> Result<i64, StoreError> {
+        let failed = |e| driver_error("bounding the claim's lock wait", e);
+        let old: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failed)?;
+        let millis = wait.as_millis().clamp(1, i32::MAX as u128);
+        sqlx::Executor::execute(&mut *conn, format!("PRAGMA busy_timeout = {millis}").as_str())
+            .await
+            .map_err(failed)?;
+        Ok(old)
+    }
+
+    /// Restore the connection's `busy_timeout`.
+    async fn lock_wait_end(conn: &mut SqliteConnection, restore: i64, _claimed: bool) -> Result<(), StoreError> {
+        sqlx::Executor::execute(&mut *conn, format!("PRAGMA busy_timeout = {restore}").as_str())
+            .await
+            .map(drop)
+            .map_err(|e| driver_error("restoring busy_timeout", e))
+    }
+
+    /// Another connection held the write lock past the wait.
+    fn is_lock_wait(error: &sqlx::Error) -> bool {
+        is_busy(error)
     }
 
     async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
@@ -265,6 +308,7 @@ impl Dialect for SqliteStore {
 
 impl_idempotency_store!(SqliteStore, sqlx::Sqlite, String);
 impl_store_api!(SqliteStore, sqlx::Sqlite, String);
+impl_transaction_database!(SqliteStore, sqlx::Sqlite, "SQLite");
 
 const TEXT: &str = "TEXT";
 const INSTANT: &str = "TEXT, DATETIME or TIMESTAMP (instants are stored as fixed-width UTC text)";

@@ -32,7 +32,7 @@ macro_rules! impl_idempotency_store {
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let until = Self::stamp(now + lease_for);
                 let query = sqlx::query(&self.parts.sql.renew).bind(until.clone()).bind(until);
-                self.write_held("renew", query, lease).await
+                Self::write_held(&self.parts.pool, "renew", query, lease).await
             }
 
             async fn complete(
@@ -42,12 +42,8 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = sqlx::query(&self.parts.sql.complete)
-                    .bind(response)
-                    .bind(Self::stamp(now))
-                    .bind(Self::stamp(now))
-                    .bind(Self::stamp(now + ttl));
-                self.write_held("complete", query, lease).await
+                let query = Self::finish(&self.parts.sql.complete, response, now, ttl);
+                Self::write_held(&self.parts.pool, "complete", query, lease).await
             }
 
             async fn fail(
@@ -57,25 +53,21 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = sqlx::query(&self.parts.sql.fail)
-                    .bind(message)
-                    .bind(Self::stamp(now))
-                    .bind(Self::stamp(now))
-                    .bind(Self::stamp(now + ttl));
-                self.write_held("fail", query, lease).await
+                let query = Self::finish(&self.parts.sql.fail, message, now, ttl);
+                Self::write_held(&self.parts.pool, "fail", query, lease).await
             }
 
             async fn release(
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                match self.write_held("release", sqlx::query(&self.parts.sql.release), lease).await? {
-                    idem_runtime::FenceCheck::Held => Ok(idem_runtime::FenceCheck::Held),
-                    // Not deleted: the record holds steps (or the lease is lost).
-                    idem_runtime::FenceCheck::Lost => {
-                        self.write_held("release", sqlx::query(&self.parts.sql.park), lease).await
-                    }
-                }
+                let mut conn = self
+                    .parts
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(|e| crate::row::driver_error("release", e))?;
+                Self::release_in(&mut conn, &self.parts.sql, lease).await
             }
 
             async fn record_steps(
@@ -84,7 +76,11 @@ macro_rules! impl_idempotency_store {
                 steps: &str,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let query = sqlx::query(&self.parts.sql.record_steps).bind(steps);
-                self.write_held("record_steps", query, lease).await
+                Self::write_held(&self.parts.pool, "record_steps", query, lease).await
+            }
+
+            fn as_any(&self) -> Option<&dyn std::any::Any> {
+                Some(self)
             }
 
             async fn get(
@@ -92,15 +88,7 @@ macro_rules! impl_idempotency_store {
                 biz: &str,
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
-                let row = sqlx::query(&self.parts.sql.get)
-                    .bind(biz)
-                    .bind(key)
-                    .fetch_optional(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::row::driver_error("get", e))?;
-                row.as_ref()
-                    .map(crate::row::record_from_row::<_, $stamp>)
-                    .transpose()
+                Self::read(&self.parts.pool, &self.parts.sql, biz, key).await
             }
 
             async fn purge_expired(
@@ -113,21 +101,24 @@ macro_rules! impl_idempotency_store {
         }
 
         impl $store {
-            /// Bind the lease to a holder write and run it: one row changed means the
-            /// lease still held.
-            async fn write_held<'q>(
-                &self,
+            /// Bind the lease to a holder write and run it on `executor` (the pool, or
+            /// the caller's transaction): one row changed means the lease still held.
+            async fn write_held<'q, 'e, X>(
+                executor: X,
                 operation: &'static str,
                 query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
                 lease: &'q idem_runtime::Lease,
-            ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
+            ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError>
+            where
+                X: sqlx::Executor<'e, Database = $db>,
+            {
                 let fence = i64::try_from(lease.fence).unwrap_or(i64::MAX);
                 let done = query
                     .bind(lease.biz.as_str())
                     .bind(lease.key.as_str())
                     .bind(fence)
                     .bind(Self::stamp(lease.created_at))
-                    .execute(&self.parts.pool)
+                    .execute(executor)
                     .await
                     .map_err(|e| crate::row::driver_error(operation, e))?;
                 Ok(if done.rows_affected() == 0 {
@@ -135,6 +126,74 @@ macro_rules! impl_idempotency_store {
                 } else {
                     idem_runtime::FenceCheck::Held
                 })
+            }
+
+            /// `complete` or `fail` (`sql`) with its text, before the lease's binds.
+            fn finish<'q>(
+                sql: &'q str,
+                text: &'q str,
+                now: std::time::SystemTime,
+                ttl: std::time::Duration,
+            ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+                sqlx::query(sql)
+                    .bind(text)
+                    .bind(Self::stamp(now))
+                    .bind(Self::stamp(now))
+                    .bind(Self::stamp(now + ttl))
+            }
+
+            /// Delete the holder's record; one with steps is kept, its lease lapsed.
+            async fn release_in(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                sql: &crate::statements::Statements,
+                lease: &idem_runtime::Lease,
+            ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
+                match Self::write_held(&mut *conn, "release", sqlx::query(&sql.release), lease).await? {
+                    idem_runtime::FenceCheck::Held => Ok(idem_runtime::FenceCheck::Held),
+                    // Not deleted: the record holds steps (or the lease is lost).
+                    idem_runtime::FenceCheck::Lost => {
+                        Self::write_held(&mut *conn, "release", sqlx::query(&sql.park), lease).await
+                    }
+                }
+            }
+
+            /// The record of `(biz, key)`, read on a transaction's connection.
+            async fn read_in(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                sql: &crate::statements::Statements,
+                biz: &str,
+                key: &str,
+            ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
+                let row = sqlx::query(&sql.get)
+                    .bind(biz)
+                    .bind(key)
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(|e| crate::row::driver_error("get", e))?;
+                row.as_ref()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .transpose()
+            }
+
+            /// The record of `(biz, key)`, read on `executor`.
+            async fn read<'e, X>(
+                executor: X,
+                sql: &crate::statements::Statements,
+                biz: &str,
+                key: &str,
+            ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError>
+            where
+                X: sqlx::Executor<'e, Database = $db>,
+            {
+                let row = sqlx::query(&sql.get)
+                    .bind(biz)
+                    .bind(key)
+                    .fetch_optional(executor)
+                    .await
+                    .map_err(|e| crate::row::driver_error("get", e))?;
+                row.as_ref()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .transpose()
             }
         }
     };

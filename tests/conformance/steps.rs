@@ -71,10 +71,14 @@ pub async fn takeover_replays_finished_steps(store: &Store) {
     .await;
     assert!(died.is_err(), "the first attempt stopped between its steps");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn).await.unwrap();
+    let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn)
+        .await
+        .unwrap();
     assert_eq!(done, "charge 1 sms 1", "the takeover got the recorded charge back");
     assert_eq!((charges.count(), texts.count()), (1, 1), "each effect ran once");
-    let again = charge_then_sms(store, &key, &charges, &texts, After::GoOn).await.unwrap();
+    let again = charge_then_sms(store, &key, &charges, &texts, After::GoOn)
+        .await
+        .unwrap();
     assert_eq!(again, done);
     assert_eq!((charges.count(), texts.count()), (1, 1));
 }
@@ -84,11 +88,21 @@ pub async fn released_call_keeps_its_steps(store: &Store) {
     let (charges, texts) = (Runs::default(), Runs::default());
     let failed = charge_then_sms(store, &key, &charges, &texts, After::Fail).await;
     assert!(matches!(failed, Err(AppError::Declined(_))), "{failed:?}");
-    let kept = store.get(BIZ, &key).await.unwrap().expect("the record stays for its steps");
+    let kept = store
+        .get(BIZ, &key)
+        .await
+        .unwrap()
+        .expect("the record stays for its steps");
     assert_eq!(kept.status, Status::Processing);
-    assert_eq!(kept.lease_until, Some(kept.created_at), "released: the lease lapsed at once");
+    assert_eq!(
+        kept.lease_until,
+        Some(kept.created_at),
+        "released: the lease lapsed at once"
+    );
     assert!(kept.steps.as_deref().unwrap().contains("charge"), "{kept:?}");
-    let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn).await.unwrap();
+    let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn)
+        .await
+        .unwrap();
     assert_eq!(done, "charge 1 sms 1", "the retry did not charge again");
     assert_eq!((charges.count(), texts.count()), (1, 1));
     assert_eq!(store.get(BIZ, &key).await.unwrap().unwrap().status, Status::Succeeded);
@@ -110,7 +124,9 @@ pub async fn failed_step_is_not_recorded(store: &Store) {
 
 pub async fn step_misuse_is_refused(store: &Store) {
     let runs = Runs::default();
-    let outside = step("charge", async { Ok::<u32, Error>(runs.hit()) }).await.unwrap_err();
+    let outside = step("charge", async { Ok::<u32, Error>(runs.hit()) })
+        .await
+        .unwrap_err();
     assert!(
         matches!(&outside, Error::InvalidStep { step, reason } if step == "charge" && reason.contains("outside")),
         "{outside}"
@@ -121,7 +137,11 @@ pub async fn step_misuse_is_refused(store: &Store) {
         matches!(&repeated, Error::InvalidStep { step, reason } if step == "same" && reason.contains("unique")),
         "{repeated}"
     );
-    assert_eq!(runs.count(), 1, "neither the outside step nor the repeated one ran its effect");
+    assert_eq!(
+        runs.count(),
+        1,
+        "neither the outside step nor the repeated one ran its effect"
+    );
 }
 
 pub async fn stale_holder_cannot_record_steps(store: &Store) {
@@ -138,30 +158,62 @@ pub async fn stale_holder_cannot_record_steps(store: &Store) {
             .await
             .unwrap(),
     );
-    assert_eq!(store.record_steps(&old, r#"{"a":"1"}"#).await.unwrap(), FenceCheck::Held);
+    assert_eq!(
+        store.record_steps(&old, r#"{"a":"1"}"#).await.unwrap(),
+        FenceCheck::Held
+    );
     let new = acquired(store.claim(&claim(now, Duration::from_secs(30))).await.unwrap());
     let taken = store.get(BIZ, &key).await.unwrap().unwrap();
-    assert_eq!(taken.steps.as_deref(), Some(r#"{"a":"1"}"#), "a takeover keeps the life's steps");
-    assert_eq!(store.record_steps(&old, r#"{"b":"2"}"#).await.unwrap(), FenceCheck::Lost);
+    assert_eq!(
+        taken.steps.as_deref(),
+        Some(r#"{"a":"1"}"#),
+        "a takeover keeps the life's steps"
+    );
+    assert_eq!(
+        store.record_steps(&old, r#"{"b":"2"}"#).await.unwrap(),
+        FenceCheck::Lost
+    );
     assert_eq!(store.release(&old).await.unwrap(), FenceCheck::Lost);
     let kept = store.get(BIZ, &key).await.unwrap().unwrap();
-    assert_eq!(kept.steps.as_deref(), Some(r#"{"a":"1"}"#), "the stale holder changed nothing");
+    assert_eq!(
+        kept.steps.as_deref(),
+        Some(r#"{"a":"1"}"#),
+        "the stale holder changed nothing"
+    );
     assert_eq!(kept.fence, new.fence);
-    assert_eq!(store.record_steps(&new, r#"{"a":"1","c":"3"}"#).await.unwrap(), FenceCheck::Held);
+    assert_eq!(
+        store.record_steps(&new, r#"{"a":"1","c":"3"}"#).await.unwrap(),
+        FenceCheck::Held
+    );
 }
 
 pub async fn a_new_life_starts_without_steps(store: &Store) {
     let key = unique("steps-life");
     let long_ago = idem::store::now() - Duration::from_secs(3600);
     let ClaimOutcome::Acquired(old) = store
-        .claim(&Claim::new(BIZ, &key, long_ago, Duration::from_secs(1), Duration::from_secs(2)))
+        .claim(&Claim::new(
+            BIZ,
+            &key,
+            long_ago,
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        ))
         .await
         .unwrap()
     else {
         panic!("the first claim is granted");
     };
-    assert_eq!(store.record_steps(&old, r#"{"a":"1"}"#).await.unwrap(), FenceCheck::Held);
-    let fresh = Claim::new(BIZ, &key, idem::store::now(), Duration::from_secs(30), Duration::from_secs(60));
+    assert_eq!(
+        store.record_steps(&old, r#"{"a":"1"}"#).await.unwrap(),
+        FenceCheck::Held
+    );
+    let fresh = Claim::new(
+        BIZ,
+        &key,
+        idem::store::now(),
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    );
     assert!(matches!(store.claim(&fresh).await.unwrap(), ClaimOutcome::Acquired(_)));
     let record = store.get(BIZ, &key).await.unwrap().unwrap();
     assert_ne!(record.created_at, old.created_at, "a new life");

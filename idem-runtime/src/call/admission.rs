@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 
-use super::Call;
+use super::{error_of, Call};
 use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, Lease};
 use crate::clock;
 use crate::error::Error;
+use crate::executor::Idempotent;
 use crate::policy::Mode;
 use crate::record::{Record, Status};
 use crate::replay::decode;
@@ -102,16 +103,22 @@ impl Call<'_> {
 
     /// A finished record answers the duplicate.
     fn answer_finished<T: DeserializeOwned>(&self, record: Record) -> Result<Admitted<T>, Error> {
-        match (record.status, self.op.mode) {
-            (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref())
-                .map(Admitted::Replayed)
-                .map_err(|source| self.error(|biz, key| Error::Decode { biz, key, source })),
-            (Status::Succeeded, Mode::Reject) => Err(self.error(|biz, key| Error::Duplicate { biz, key })),
-            _ => Err(self.error(|biz, key| Error::PreviousFailed {
-                biz,
-                key,
-                message: record.error_message.unwrap_or_default(),
-            })),
-        }
+        answer_finished(self.op, &self.key, record).map(Admitted::Replayed)
+    }
+}
+
+/// What a finished record answers a duplicate of `op` for `key`: the replayed value,
+/// or the error its mode and status call for.
+pub(crate) fn answer_finished<T: DeserializeOwned>(op: &Idempotent, key: &str, record: Record) -> Result<T, Error> {
+    let error = |make: fn(String, String) -> Error| error_of(op, key, make);
+    match (record.status, op.mode) {
+        (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref())
+            .map_err(|source| error_of(op, key, |biz, key| Error::Decode { biz, key, source })),
+        (Status::Succeeded, Mode::Reject) => Err(error(|biz, key| Error::Duplicate { biz, key })),
+        _ => Err(error_of(op, key, |biz, key| Error::PreviousFailed {
+            biz,
+            key,
+            message: record.error_message.unwrap_or_default(),
+        })),
     }
 }

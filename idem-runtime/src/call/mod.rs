@@ -4,6 +4,7 @@
 mod admission;
 mod lease;
 mod outcome;
+pub(crate) mod transaction;
 
 use std::sync::Arc;
 
@@ -49,38 +50,8 @@ impl Call<'_> {
         self.record(lease, outcome, describe).await
     }
 
-    /// Before anything touches the store: the options, the biz, the
-    /// key, the payload fingerprint, and a call for the key whose body is running here.
     fn check_input(&self) -> Result<Option<&str>, Error> {
-        if let Some((option, reason)) = &self.op.invalid {
-            return Err(Error::InvalidOption {
-                biz: self.op.biz.to_string(),
-                option,
-                reason: reason.clone(),
-            });
-        }
-        if let Some(reason) = biz_problem(&self.op.biz) {
-            return Err(Error::InvalidBiz {
-                biz: self.op.biz.to_string(),
-                reason,
-            });
-        }
-        if let Some(reason) = key_problem(&self.key) {
-            return Err(self.error(|biz, key| Error::InvalidKey { biz, key, reason }));
-        }
-        if inside(&self.op.biz, &self.key) {
-            return Err(self.error(|biz, key| Error::Reentrant { biz, key }));
-        }
-        match &self.op.payload {
-            None => Ok(None),
-            Some(Ok(payload)) => Ok(Some(&payload.fingerprint)),
-            Some(Err(source)) => Err(self.error(|biz, key| Error::Encode {
-                biz,
-                key,
-                what: "payload",
-                source: source.clone(),
-            })),
-        }
+        check_input(self.op, &self.key)
     }
 
     fn store_error(&self, operation: &'static str, source: StoreError) -> Error {
@@ -93,6 +64,46 @@ impl Call<'_> {
     }
 
     fn error(&self, make: impl FnOnce(String, String) -> Error) -> Error {
-        make(self.op.biz.to_string(), self.key.clone())
+        error_of(self.op, &self.key, make)
     }
+}
+
+/// Before anything touches the store: the options, the biz, the key, the payload
+/// fingerprint, and a call for the key whose body is running here. Gives the payload's
+/// fingerprint, if there is one.
+pub(crate) fn check_input<'o>(op: &'o Idempotent, key: &str) -> Result<Option<&'o str>, Error> {
+    if let Some((option, reason)) = &op.invalid {
+        return Err(Error::InvalidOption {
+            biz: op.biz.to_string(),
+            option,
+            reason: reason.clone(),
+        });
+    }
+    if let Some(reason) = biz_problem(&op.biz) {
+        return Err(Error::InvalidBiz {
+            biz: op.biz.to_string(),
+            reason,
+        });
+    }
+    if let Some(reason) = key_problem(key) {
+        return Err(error_of(op, key, |biz, key| Error::InvalidKey { biz, key, reason }));
+    }
+    if inside(&op.biz, key) {
+        return Err(error_of(op, key, |biz, key| Error::Reentrant { biz, key }));
+    }
+    match &op.payload {
+        None => Ok(None),
+        Some(Ok(payload)) => Ok(Some(&payload.fingerprint)),
+        Some(Err(source)) => Err(error_of(op, key, |biz, key| Error::Encode {
+            biz,
+            key,
+            what: "payload",
+            source: source.clone(),
+        })),
+    }
+}
+
+/// The error `make` builds from the operation's biz and the key.
+pub(crate) fn error_of(op: &Idempotent, key: &str, make: impl FnOnce(String, String) -> Error) -> Error {
+    make(op.biz.to_string(), key.to_owned())
 }

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{Call, Describe};
+use super::{error_of, Call, Describe};
 use crate::claim::{FenceCheck, Lease};
 use crate::clock;
 use crate::error::{Error, StoreError};
+use crate::executor::Idempotent;
 use crate::policy::OnError;
 use crate::record::{Record, Status};
 use crate::replay::encode;
@@ -62,7 +63,7 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    fn operation(&self) -> &'static str {
+    pub(crate) fn operation(&self) -> &'static str {
         match self {
             Verdict::Succeeded(_) => "complete",
             Verdict::Failed(_) => "fail",
@@ -212,6 +213,44 @@ impl Drop for Recording<'_> {
     }
 }
 
+/// What the store is to record for a body's `outcome`, and what the caller gets once it
+/// is recorded. An `Ok` value that would not replay equal is recorded `FAIL` (the body
+/// ran; it must not run again) and the caller gets [`Error::Encode`]; an `Err` is
+/// released or recorded as `on_error` says, and handed back as it is.
+pub(crate) fn judge<T, E>(
+    op: &Idempotent,
+    key: &str,
+    outcome: Result<T, E>,
+    describe: Describe<E>,
+) -> (Verdict, Result<T, E>)
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    match outcome {
+        Ok(value) => match encode(&value) {
+            Ok(json) => (Verdict::Succeeded(json), Ok(value)),
+            Err(source) => {
+                let message = bounded(format!("the response could not be recorded: {source}"));
+                let error = error_of(op, key, |biz, key| Error::Encode {
+                    biz,
+                    key,
+                    what: "response",
+                    source: Arc::new(source),
+                });
+                (Verdict::Failed(message), Err(error.into()))
+            }
+        },
+        Err(error) => {
+            let verdict = match op.on_error {
+                OnError::Release => Verdict::Released,
+                OnError::Record => Verdict::Failed(bounded(describe(&error))),
+            };
+            (verdict, Err(error))
+        }
+    }
+}
+
 impl Call<'_> {
     /// Record the outcome, then hand the caller its result. An `Ok`
     /// value that would not replay equal is recorded `FAIL` (the body ran; it must not
@@ -221,36 +260,18 @@ impl Call<'_> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        match outcome {
-            Ok(value) => match encode(&value) {
-                Ok(json) => match self.settle(lease.clone(), Verdict::Succeeded(json)).await? {
-                    Settled::Recorded => Ok(value),
-                    Settled::Lost => {
-                        let error = self.lease_lost(&lease, "complete");
-                        tracing::warn!(%error, "idempotent call finished after losing its claim");
-                        Err(error.into())
-                    }
-                },
-                Err(source) => {
-                    let message = bounded(format!("the response could not be recorded: {source}"));
-                    self.settle_after_failure(lease, Verdict::Failed(message)).await;
-                    Err(self
-                        .error(|biz, key| Error::Encode {
-                            biz,
-                            key,
-                            what: "response",
-                            source: std::sync::Arc::new(source),
-                        })
-                        .into())
+        match judge(self.op, &self.key, outcome, describe) {
+            (verdict @ Verdict::Succeeded(_), answer) => match self.settle(lease.clone(), verdict).await? {
+                Settled::Recorded => answer,
+                Settled::Lost => {
+                    let error = self.lease_lost(&lease, "complete");
+                    tracing::warn!(%error, "idempotent call finished after losing its claim");
+                    Err(error.into())
                 }
             },
-            Err(error) => {
-                let verdict = match self.op.on_error {
-                    OnError::Release => Verdict::Released,
-                    OnError::Record => Verdict::Failed(bounded(describe(&error))),
-                };
+            (verdict, answer) => {
                 self.settle_after_failure(lease, verdict).await;
-                Err(error)
+                answer
             }
         }
     }

@@ -1,0 +1,397 @@
+//! Transactional mode on the SQL stores: the claim and the record written on the
+//! caller's own `sqlx::Transaction`, committed or rolled back with the business writes.
+//!
+//! [`execute_in`] is the API; `#[idempotent(tx = ...)]` expands to the same two halves
+//! ([`admit`], then [`TransactionCall::record`]). What differs between databases is the
+//! bound on the wait for another open transaction that holds the key, and keeping a
+//! failed claim from poisoning the caller's transaction:
+//!
+//! | database | the wait | a failed claim |
+//! |---|---|---|
+//! | PostgreSQL | `lock_timeout`, set for the claim and restored | rolled back to a savepoint |
+//! | MySQL / MariaDB | `innodb_lock_wait_timeout`, whole seconds (rounded up), restored | InnoDB rolls back the statement alone (a deadlock rolls back the whole transaction, as it would any statement) |
+//! | SQLite | `busy_timeout` of the connection, restored | the statement alone |
+//!
+//! The isolation level is the caller's; PostgreSQL and MySQL must run the claim at READ
+//! COMMITTED or REPEATABLE READ (the defaults) and SQLite should claim before the
+//! transaction reads anything (a read snapshot older than a concurrent commit makes
+//! SQLite refuse the write, reported as [`Error::InProgress`]).
+
+use std::any::Any;
+use std::fmt::Display;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use idem_runtime::{
+    Admission, Claim, ClaimOutcome, Error, FenceCheck, IdempotencyStore, Idempotent, Lease, StoreError,
+    TransactionClaim, TransactionStore,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::statements::Statements;
+
+/// The statements of one table, as transactional mode writes them.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub(crate) sql: Arc<Statements>,
+    pub(crate) upsert_sql: Arc<str>,
+}
+
+/// A holder write in a transaction.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    Complete(&'a str, SystemTime, Duration),
+    Fail(&'a str, SystemTime, Duration),
+    Release,
+}
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+/// The databases transactional mode runs on: `sqlx::Sqlite`, `sqlx::Postgres`,
+/// `sqlx::MySql` (MySQL and MariaDB), each with its store's feature.
+pub trait TransactionDatabase: sqlx::Database + sealed::Sealed {
+    /// The database's name, for messages.
+    #[doc(hidden)]
+    const LABEL: &'static str;
+
+    /// The table of `store`, when it is this database's store.
+    #[doc(hidden)]
+    fn table_of(store: &dyn Any) -> Option<Table>;
+
+    /// The default table, `idempotent_record`.
+    #[doc(hidden)]
+    fn default_table() -> Table;
+
+    /// The claim, its wait bounded by `wait`; `None` when the key stayed locked.
+    #[doc(hidden)]
+    fn claim_in(
+        conn: &mut Self::Connection,
+        table: &Table,
+        claim: &Claim<'_>,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Option<ClaimOutcome>, StoreError>> + Send;
+
+    /// A holder write.
+    #[doc(hidden)]
+    fn write_in(
+        conn: &mut Self::Connection,
+        table: &Table,
+        lease: &Lease,
+        write: Write<'_>,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+}
+
+/// The table a transactional call of `op` writes: that of `store` (given to the call or
+/// to the operation), else that of the installed store when it is a store of the same
+/// database, else `idempotent_record`.
+fn table_for<DB: TransactionDatabase>(op: &Idempotent, store: Option<&dyn IdempotencyStore>) -> Result<Table, Error> {
+    let given = store
+        .map(|store| (store, true))
+        .or_else(|| op.given_store().map(|store| (&**store as &dyn IdempotencyStore, true)));
+    let installed = idem_runtime::installed();
+    let candidate = given.or_else(|| installed.as_deref().map(|store| (store, false)));
+    match candidate {
+        None => Ok(DB::default_table()),
+        Some((store, explicit)) => match store.as_any().and_then(DB::table_of) {
+            Some(table) => Ok(table),
+            None if explicit => Err(Error::InvalidOption {
+                biz: op.biz().to_owned(),
+                option: "store",
+                reason: format!(
+                    "a transactional call on {} needs a {} store to find its table, and was given {store:?}",
+                    DB::LABEL,
+                    DB::LABEL
+                ),
+            }),
+            None => Ok(DB::default_table()),
+        },
+    }
+}
+
+/// The claim and the record of one call, written on one open transaction's connection.
+#[doc(hidden)]
+pub struct InTransaction<'c, DB: TransactionDatabase> {
+    conn: &'c mut DB::Connection,
+    table: &'c Table,
+}
+
+impl<DB: TransactionDatabase> TransactionStore for InTransaction<'_, DB> {
+    async fn claim(&mut self, claim: &Claim<'_>, wait: Duration) -> Result<Option<ClaimOutcome>, StoreError> {
+        DB::claim_in(self.conn, self.table, claim, wait).await
+    }
+
+    async fn complete(
+        &mut self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        DB::write_in(self.conn, self.table, lease, Write::Complete(response, now, ttl)).await
+    }
+
+    async fn fail(
+        &mut self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        DB::write_in(self.conn, self.table, lease, Write::Fail(message, now, ttl)).await
+    }
+
+    async fn release(&mut self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        DB::write_in(self.conn, self.table, lease, Write::Release).await
+    }
+}
+
+/// What [`admit`] came to.
+#[doc(hidden)]
+pub enum Admitted<'a, DB, T> {
+    /// Claimed in the transaction: run the body, then record.
+    Claimed(TransactionCall<'a, DB>),
+    /// A committed call's value.
+    Replayed(T),
+}
+
+/// A call claimed in a transaction.
+#[doc(hidden)]
+pub struct TransactionCall<'a, DB> {
+    claim: TransactionClaim<'a>,
+    table: Table,
+    _db: PhantomData<fn() -> DB>,
+}
+
+/// The first half of a transactional call: resolve the table, claim `key` in `tx`, or
+/// answer from the committed record.
+#[doc(hidden)]
+pub async fn admit<'a, DB, T>(
+    op: &'a Idempotent,
+    store: Option<&dyn IdempotencyStore>,
+    tx: &mut sqlx::Transaction<'_, DB>,
+    key: String,
+) -> Result<Admitted<'a, DB, T>, Error>
+where
+    DB: TransactionDatabase,
+    T: DeserializeOwned,
+{
+    let table = table_for::<DB>(op, store)?;
+    let mut bound = InTransaction::<DB> {
+        conn: &mut **tx,
+        table: &table,
+    };
+    Ok(match op.admit_in(&mut bound, key).await? {
+        Admission::Claimed(claim) => Admitted::Claimed(TransactionCall {
+            claim,
+            table,
+            _db: PhantomData,
+        }),
+        Admission::Replayed(value) => Admitted::Replayed(value),
+    })
+}
+
+impl<DB: TransactionDatabase> TransactionCall<'_, DB> {
+    /// Run the body in the call's context.
+    pub async fn run<F: Future>(&self, body: F) -> F::Output {
+        self.claim.run(body).await
+    }
+
+    /// The second half: write the outcome in `tx`, then answer.
+    pub async fn record<T, E>(
+        self,
+        tx: &mut sqlx::Transaction<'_, DB>,
+        outcome: Result<T, E>,
+        describe: fn(&E) -> String,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        let mut bound = InTransaction::<DB> {
+            conn: &mut **tx,
+            table: &self.table,
+        };
+        self.claim.record(&mut bound, outcome, describe).await
+    }
+}
+
+/// The future of an [`execute_in`] body, boxed as sqlx's own `Connection::transaction`
+/// takes it: a boxed future can borrow the transaction it is handed and still be `Send`
+/// (an `async` closure's future cannot be proven `Send` for every borrow, so a task
+/// could not be spawned on it).
+pub type BodyFuture<'c, T, E> = std::pin::Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
+
+/// Run `body` at most once for `key`, in the caller's transaction `tx`: the claim, the
+/// body's writes (on the `tx` it is handed) and the record commit together when the
+/// caller commits `tx`, and vanish together if it rolls back, crashes or drops it.
+///
+/// A duplicate whose first call's transaction is still open waits for it in the
+/// database, up to the operation's `wait` (else [`DEFAULT_TRANSACTION_WAIT`]), then
+/// replays the committed result — or claims, if the first rolled back — or fails with
+/// [`Error::InProgress`]. An `Err` from the body is released or recorded `FAIL` (per
+/// `on_error`) in `tx` before it is returned. Any error from idem itself means `tx`
+/// should be rolled back.
+///
+/// The table is the operation's store's (a store of `tx`'s database), else the installed
+/// store's when it is one, else `idempotent_record`.
+///
+/// ```no_run
+/// use idem::sqlx;
+/// use idem::{sql::execute_in, Idempotent};
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum PayError {
+///     #[error(transparent)]
+///     Idem(#[from] idem::Error),
+///     #[error(transparent)]
+///     Db(#[from] sqlx::Error),
+/// }
+///
+/// # async fn pay(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let pay = Idempotent::new("pay");
+/// let mut tx = pool.begin().await?;
+/// let charge_id: i64 = execute_in(&pay, &mut tx, "order-7", |tx| {
+///     Box::pin(async move {
+///         let (id,): (i64,) = sqlx::query_as("INSERT INTO charges (cents) VALUES (199) RETURNING id")
+///             .fetch_one(&mut **tx)
+///             .await?;
+///         Ok::<_, PayError>(id)
+///     })
+/// })
+/// .await?;
+/// tx.commit().await?; // the charge and its SUCCESS record, or neither
+/// # let _ = charge_id; Ok(()) }
+/// ```
+///
+/// [`DEFAULT_TRANSACTION_WAIT`]: idem_runtime::DEFAULT_TRANSACTION_WAIT
+pub async fn execute_in<'t, DB, T, E, F>(
+    op: &Idempotent,
+    tx: &mut sqlx::Transaction<'t, DB>,
+    key: impl Display,
+    body: F,
+) -> Result<T, E>
+where
+    DB: TransactionDatabase,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: for<'c> FnOnce(&'c mut sqlx::Transaction<'t, DB>) -> BodyFuture<'c, T, E>,
+{
+    let call = match admit::<DB, T>(op, None, tx, key.to_string()).await? {
+        Admitted::Replayed(value) => return Ok(value),
+        Admitted::Claimed(call) => call,
+    };
+    let outcome = call.run(body(&mut *tx)).await;
+    let describe = |error: &E| {
+        use idem_runtime::__private::DescribeByType;
+        idem_runtime::__private::Describe(error).describe()
+    };
+    call.record(tx, outcome, describe).await
+}
+
+/// `TransactionDatabase` for one store's database: what the trait needs, from the
+/// store's statements and its dialect's claim, wait and error codes. A store provides
+/// `fn upsert_in(&mut Connection, &Table, &Claim)`, `fn lock_wait_begin(&mut
+/// Connection, Duration) -> Restore`, `fn lock_wait_end(&mut Connection, Restore,
+/// claimed: bool)` and `fn is_lock_wait(&sqlx::Error) -> bool`, besides `store_impl.rs`'s.
+macro_rules! impl_transaction_database {
+    ($store:ty, $db:ty, $label:literal) => {
+        impl crate::transaction::sealed::Sealed for $db {}
+
+        impl crate::transaction::TransactionDatabase for $db {
+            const LABEL: &'static str = $label;
+
+            fn table_of(store: &dyn std::any::Any) -> Option<crate::transaction::Table> {
+                store.downcast_ref::<$store>().map(|store| crate::transaction::Table {
+                    sql: store.parts.sql.clone(),
+                    upsert_sql: store.parts.upsert_sql.clone(),
+                })
+            }
+
+            fn default_table() -> crate::transaction::Table {
+                static DEFAULT: std::sync::OnceLock<crate::transaction::Table> = std::sync::OnceLock::new();
+                DEFAULT
+                    .get_or_init(|| {
+                        use crate::dialect::Dialect;
+                        let name = crate::table::DEFAULT_TABLE;
+                        let quoted = crate::table::quoted(name, <$store>::QUOTE);
+                        let (sql, upsert_sql, _) = <$store>::statements(name, &quoted);
+                        crate::transaction::Table {
+                            sql: std::sync::Arc::new(sql),
+                            upsert_sql: upsert_sql.into(),
+                        }
+                    })
+                    .clone()
+            }
+
+            async fn claim_in(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                table: &crate::transaction::Table,
+                claim: &idem_runtime::Claim<'_>,
+                wait: std::time::Duration,
+            ) -> Result<Option<idem_runtime::ClaimOutcome>, idem_runtime::StoreError> {
+                let restore = <$store>::lock_wait_begin(&mut *conn, wait).await?;
+                let outcome = async {
+                    for _ in 0..crate::claim::CLAIM_ATTEMPTS {
+                        let stood = match <$store>::upsert_in(&mut *conn, table, claim).await? {
+                            crate::claim::Upserted::Granted(lease) => {
+                                return Ok(idem_runtime::ClaimOutcome::Acquired(lease))
+                            }
+                            crate::claim::Upserted::Refused(Some(record)) => Some(record),
+                            crate::claim::Upserted::Refused(None) => {
+                                <$store>::read_in(&mut *conn, &table.sql, claim.biz, claim.key).await?
+                            }
+                        };
+                        if let Some(existing) = crate::claim::standing(claim, stood) {
+                            return Ok(existing);
+                        }
+                    }
+                    Err(crate::claim::changed_under(claim))
+                }
+                .await;
+                let locked = matches!(&outcome, Err(error) if crate::transaction::caused_by(error, <$store>::is_lock_wait));
+                <$store>::lock_wait_end(&mut *conn, restore, outcome.is_ok()).await?;
+                match outcome {
+                    Ok(outcome) => Ok(Some(outcome)),
+                    Err(_) if locked => Ok(None),
+                    Err(error) => Err(error),
+                }
+            }
+
+            async fn write_in(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                table: &crate::transaction::Table,
+                lease: &idem_runtime::Lease,
+                write: crate::transaction::Write<'_>,
+            ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
+                use crate::transaction::Write;
+                match write {
+                    Write::Complete(response, now, ttl) => {
+                        let query = <$store>::finish(&table.sql.complete, response, now, ttl);
+                        <$store>::write_held(&mut *conn, "complete", query, lease).await
+                    }
+                    Write::Fail(message, now, ttl) => {
+                        let query = <$store>::finish(&table.sql.fail, message, now, ttl);
+                        <$store>::write_held(&mut *conn, "fail", query, lease).await
+                    }
+                    Write::Release => <$store>::release_in(conn, &table.sql, lease).await,
+                }
+            }
+        }
+    };
+}
+
+pub(crate) use impl_transaction_database;
+
+/// Whether `error` was caused by a driver error that `is` recognizes.
+pub(crate) fn caused_by(error: &StoreError, is: fn(&sqlx::Error) -> bool) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(is)
+}

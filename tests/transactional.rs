@@ -1,0 +1,380 @@
+//! Transactional mode (DESIGN §3b) on each database: the claim, the body's writes and
+//! the record commit together or not at all; a duplicate waits on the open
+//! transaction's lock, bounded by `wait`, and a claim that waited out leaves the
+//! caller's transaction usable.
+
+mod conformance;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The application's error: its database's, its own, idem's.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// idem's.
+    #[error(transparent)]
+    Idem(#[from] idem::Error),
+    /// The database's.
+    #[error(transparent)]
+    Db(#[from] idem::sqlx::Error),
+    /// The business's own.
+    #[error("declined")]
+    Declined,
+}
+
+/// Counts body runs.
+#[derive(Debug, Default)]
+pub struct Runs(AtomicU32);
+impl Runs {
+    /// One more run.
+    pub fn hit(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    /// The runs so far.
+    pub fn count(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The suite for one database: `$open` gives `Option<(Pool, Store)>`, `$insert` and
+/// `$count` are the business statements in its placeholders.
+macro_rules! transactional_suite {
+    ($db:ty, $store:ty, $open:expr, $insert:literal, $count:literal, $record_count:literal) => {
+        use std::sync::Arc;
+        use std::time::Duration;
+
+        use idem::sqlx::{self, Pool, Transaction};
+        use idem::{idempotent, Error, Status};
+
+        use crate::conformance::unique;
+        use crate::{AppError, Runs};
+
+        #[idempotent(key = key, biz = "tx.pay", tx = tx, wait = "10s")]
+        async fn pay(tx: &mut Transaction<'_, $db>, key: &str, cents: i64, runs: &Runs) -> Result<i64, AppError> {
+            runs.hit();
+            sqlx::query($insert)
+                .bind(key)
+                .bind(cents)
+                .execute(&mut **tx)
+                .await?;
+            Ok(cents)
+        }
+
+        #[idempotent(key = key, biz = "tx.pay", tx = tx, wait = "300ms")]
+        async fn pay_briefly(tx: &mut Transaction<'_, $db>, key: &str, runs: &Runs) -> Result<i64, AppError> {
+            runs.hit();
+            Ok(0)
+        }
+
+        #[idempotent(key = key, biz = "tx.pay", tx = tx, mode = Reject, payload = cents)]
+        async fn pay_once(tx: &mut Transaction<'_, $db>, key: &str, cents: i64) -> Result<i64, AppError> {
+            sqlx::query($insert)
+                .bind(key)
+                .bind(cents)
+                .execute(&mut **tx)
+                .await?;
+            Ok(cents)
+        }
+
+        #[idempotent(key = key, biz = "tx.fail", tx = tx, on_error = Record)]
+        async fn decline_recorded(tx: &mut Transaction<'_, $db>, key: &str) -> Result<i64, AppError> {
+            sqlx::query($insert)
+                .bind(key)
+                .bind(1i64)
+                .execute(&mut **tx)
+                .await?;
+            Err(AppError::Declined)
+        }
+
+        #[idempotent(key = key, biz = "tx.fail", tx = tx)]
+        async fn decline_released(tx: &mut Transaction<'_, $db>, key: &str) -> Result<i64, AppError> {
+            Err(AppError::Declined)
+        }
+
+        async fn charges(pool: &Pool<$db>, key: &str) -> i64 {
+            sqlx::query_scalar($count)
+                .bind(key)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        }
+
+        async fn records_in(tx: &mut Transaction<'_, $db>, key: &str) -> i64 {
+            sqlx::query_scalar($record_count)
+                .bind(key)
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_record_commits_with_the_business_write() {
+            let Some((pool, store)) = $open.await else { return };
+            let (key, runs) = (unique("tx-commit"), Runs::default());
+            let mut tx = pool.begin().await.unwrap();
+            assert_eq!(pay(&mut tx, &key, 199, &runs).await.unwrap(), 199);
+            tx.commit().await.unwrap();
+            assert_eq!(charges(&pool, &key).await, 1);
+            let record = idem::IdempotencyStore::get(&store, "tx.pay", &key)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(record.status, Status::Succeeded);
+            let mut tx = pool.begin().await.unwrap();
+            assert_eq!(pay(&mut tx, &key, 500, &runs).await.unwrap(), 199, "replayed");
+            tx.commit().await.unwrap();
+            assert_eq!((runs.count(), charges(&pool, &key).await), (1, 1));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_rollback_erases_both_and_the_retry_runs_cleanly() {
+            let Some((pool, store)) = $open.await else { return };
+            let (key, runs) = (unique("tx-rollback"), Runs::default());
+            let mut tx = pool.begin().await.unwrap();
+            pay(&mut tx, &key, 199, &runs).await.unwrap();
+            tx.rollback().await.unwrap();
+            assert_eq!(charges(&pool, &key).await, 0);
+            assert!(idem::IdempotencyStore::get(&store, "tx.pay", &key)
+                .await
+                .unwrap()
+                .is_none());
+            // A dropped transaction is a rollback too.
+            let mut tx = pool.begin().await.unwrap();
+            pay(&mut tx, &key, 199, &runs).await.unwrap();
+            drop(tx);
+            let mut tx = pool.begin().await.unwrap();
+            pay(&mut tx, &key, 199, &runs).await.unwrap();
+            tx.commit().await.unwrap();
+            assert_eq!((runs.count(), charges(&pool, &key).await), (3, 1));
+        }
+
+        /// The first transaction commits (or rolls back) while a duplicate waits on it.
+        async fn duplicate_meets_an_open_transaction(commit: bool) -> (Result<i64, AppError>, u32, i64) {
+            let (pool, _store) = $open.await.unwrap();
+            let key = unique("tx-wait");
+            let runs = Arc::new(Runs::default());
+            let mut first = pool.begin().await.unwrap();
+            pay(&mut first, &key, 199, &runs).await.unwrap();
+            let duplicate = {
+                let (pool, key, runs) = (pool.clone(), key.clone(), runs.clone());
+                tokio::spawn(async move {
+                    let mut tx = pool.begin().await.unwrap();
+                    let answer = pay(&mut tx, &key, 500, &runs).await;
+                    tx.commit().await.unwrap();
+                    answer
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            assert!(
+                !duplicate.is_finished(),
+                "the duplicate waits while the first transaction is open"
+            );
+            if commit {
+                first.commit().await.unwrap();
+            } else {
+                first.rollback().await.unwrap();
+            }
+            let answer = duplicate.await.unwrap();
+            (answer, runs.count(), charges(&pool, &key).await)
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_duplicate_waits_for_the_commit_then_replays() {
+            if $open.await.is_none() {
+                return;
+            }
+            let (answer, runs, rows) = duplicate_meets_an_open_transaction(true).await;
+            assert_eq!((answer.unwrap(), runs, rows), (199, 1, 1));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_duplicate_claims_after_a_rollback() {
+            if $open.await.is_none() {
+                return;
+            }
+            let (answer, runs, rows) = duplicate_meets_an_open_transaction(false).await;
+            assert_eq!((answer.unwrap(), runs, rows), (500, 2, 1));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_wait_that_runs_out_is_in_progress_and_keeps_the_transaction() {
+            let Some((pool, _store)) = $open.await else { return };
+            let (key, runs) = (unique("tx-busy"), Runs::default());
+            let mut first = pool.begin().await.unwrap();
+            pay(&mut first, &key, 199, &runs).await.unwrap();
+            let mut second = pool.begin().await.unwrap();
+            let error = pay_briefly(&mut second, &key, &runs).await.unwrap_err();
+            assert!(
+                matches!(error, AppError::Idem(Error::InProgress { .. })),
+                "{error:?}"
+            );
+            let none: i64 = sqlx::query_scalar($count)
+                .bind("none")
+                .fetch_one(&mut *second)
+                .await
+                .unwrap();
+            assert_eq!(none, 0, "the waiting transaction is still usable");
+            second.commit().await.unwrap();
+            first.commit().await.unwrap();
+            assert_eq!(runs.count(), 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn errors_are_released_or_recorded_inside_the_transaction() {
+            let Some((pool, _store)) = $open.await else { return };
+            let key = unique("tx-error");
+            let mut tx = pool.begin().await.unwrap();
+            assert!(matches!(
+                decline_released(&mut tx, &key).await,
+                Err(AppError::Declined)
+            ));
+            assert_eq!(records_in(&mut tx, &key).await, 0, "released in the transaction");
+            assert!(matches!(
+                decline_recorded(&mut tx, &key).await,
+                Err(AppError::Declined)
+            ));
+            tx.commit().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            let again = decline_recorded(&mut tx, &key).await.unwrap_err();
+            assert!(
+                matches!(again, AppError::Idem(Error::PreviousFailed { .. })),
+                "{again:?}"
+            );
+            tx.rollback().await.unwrap();
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn reject_and_payload_mismatch_work_as_in_the_leased_mode() {
+            let Some((pool, _store)) = $open.await else { return };
+            let key = unique("tx-reject");
+            let mut tx = pool.begin().await.unwrap();
+            pay_once(&mut tx, &key, 7).await.unwrap();
+            tx.commit().await.unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            let duplicate = pay_once(&mut tx, &key, 7).await.unwrap_err();
+            assert!(
+                matches!(duplicate, AppError::Idem(Error::Duplicate { .. })),
+                "{duplicate:?}"
+            );
+            let other = pay_once(&mut tx, &key, 8).await.unwrap_err();
+            assert!(
+                matches!(other, AppError::Idem(Error::PayloadMismatch { .. })),
+                "{other:?}"
+            );
+            tx.commit().await.unwrap();
+            assert_eq!(charges(&pool, &key).await, 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_builder_runs_in_a_spawned_task_on_the_store_table() {
+            let Some((pool, store)) = $open.await else { return };
+            let key = unique("tx-builder");
+            let op = idem::Idempotent::new("tx.builder").store(Arc::new(store.clone()));
+            let handle = tokio::spawn({
+                let (pool, key) = (pool.clone(), key.clone());
+                async move {
+                    let mut tx = pool.begin().await.unwrap();
+                    let order = key.clone();
+                    let cents = idem::sql::execute_in(&op, &mut tx, &key, |tx| {
+                        Box::pin(async move {
+                            sqlx::query($insert)
+                                .bind(order)
+                                .bind(42i64)
+                                .execute(&mut **tx)
+                                .await?;
+                            Ok::<_, AppError>(42i64)
+                        })
+                    })
+                    .await;
+                    tx.commit().await.unwrap();
+                    cents
+                }
+            });
+            assert_eq!(handle.await.unwrap().unwrap(), 42);
+            let record = idem::IdempotencyStore::get(&store, "tx.builder", &key)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(record.status, Status::Succeeded);
+            assert_eq!(charges(&pool, &key).await, 1);
+        }
+    };
+}
+
+/// Create the business table on `pool`.
+macro_rules! with_charges {
+    ($store:expr) => {{
+        let store = $store;
+        idem::sqlx::query(
+            "CREATE TABLE IF NOT EXISTS tx_charges (order_key VARCHAR(255) PRIMARY KEY, cents BIGINT NOT NULL)",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Some((store.pool().clone(), store))
+    }};
+}
+
+mod sqlite {
+    use idem::SqliteStore;
+
+    async fn open() -> Option<(idem::sqlx::SqlitePool, SqliteStore)> {
+        static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let path = FILE.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("idem-tx-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            format!("sqlite://{}/tx.db", dir.display())
+        });
+        let store = SqliteStore::connect(path).await.unwrap();
+        store.migrate().await.unwrap();
+        with_charges!(store)
+    }
+
+    transactional_suite!(
+        idem::sqlx::Sqlite,
+        SqliteStore,
+        open(),
+        "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
+        "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
+        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?"
+    );
+}
+
+mod postgres {
+    use idem::PostgresStore;
+
+    async fn open() -> Option<(idem::sqlx::PgPool, PostgresStore)> {
+        let url = crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
+        let store = PostgresStore::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        with_charges!(store)
+    }
+
+    transactional_suite!(
+        idem::sqlx::Postgres,
+        PostgresStore,
+        open(),
+        "INSERT INTO tx_charges (order_key, cents) VALUES ($1, $2)",
+        "SELECT COUNT(*) FROM tx_charges WHERE order_key = $1",
+        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = $1"
+    );
+}
+
+mod mysql {
+    use idem::MySqlStore;
+
+    async fn open() -> Option<(idem::sqlx::MySqlPool, MySqlStore)> {
+        let url = crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL")?;
+        let store = MySqlStore::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        with_charges!(store)
+    }
+
+    transactional_suite!(
+        idem::sqlx::MySql,
+        MySqlStore,
+        open(),
+        "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
+        "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
+        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?"
+    );
+}
