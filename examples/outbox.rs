@@ -163,7 +163,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     let (charges,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM charges").fetch_one(&pool).await?;
     let (messages,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM outbox").fetch_one(&pool).await?;
-    let sms = sent.lock().unwrap();
+    let sms = sent.lock().unwrap().clone();
     println!("requests 60 → charges {charges}, outbox messages {messages}");
     println!(
         "relay batches {batch}, deliveries {} (redelivered {}) → SMS sent {} (to {} users, at most {} per message)",
