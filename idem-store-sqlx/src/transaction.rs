@@ -243,31 +243,21 @@ pub type BodyFuture<'c, T, E> = std::pin::Pin<Box<dyn Future<Output = Result<T, 
 /// store's when it is one, else `idempotent_record`.
 ///
 /// ```no_run
-/// use idem::sqlx;
-/// use idem::{sql::execute_in, Idempotent};
+/// use idem_runtime::{Error, Idempotent};
+/// use idem_store_sqlx::{execute_in, sqlx, TransactionDatabase};
 ///
-/// #[derive(Debug, thiserror::Error)]
-/// enum PayError {
-///     #[error(transparent)]
-///     Idem(#[from] idem::Error),
-///     #[error(transparent)]
-///     Db(#[from] sqlx::Error),
-/// }
-///
-/// # async fn pay(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-/// let pay = Idempotent::new("pay");
-/// let mut tx = pool.begin().await?;
-/// let charge_id: i64 = execute_in(&pay, &mut tx, "order-7", |tx| {
-///     Box::pin(async move {
-///         let (id,): (i64,) = sqlx::query_as("INSERT INTO charges (cents) VALUES (199) RETURNING id")
-///             .fetch_one(&mut **tx)
-///             .await?;
-///         Ok::<_, PayError>(id)
+/// // Any of the three databases: `tx` is the caller's open transaction.
+/// async fn pay<DB: TransactionDatabase>(tx: &mut sqlx::Transaction<'_, DB>) -> Result<i64, Error> {
+///     let pay = Idempotent::new("pay");
+///     execute_in(&pay, tx, "order-7", |tx| {
+///         Box::pin(async move {
+///             let _ = tx; // the business writes go here: `sqlx::query(..).execute(&mut **tx)`
+///             Ok::<_, Error>(199)
+///         })
 ///     })
-/// })
-/// .await?;
-/// tx.commit().await?; // the charge and its SUCCESS record, or neither
-/// # let _ = charge_id; Ok(()) }
+///     .await
+///     // the caller commits `tx`: the writes and the SUCCESS record, or neither
+/// }
 /// ```
 ///
 /// [`DEFAULT_TRANSACTION_WAIT`]: idem_runtime::DEFAULT_TRANSACTION_WAIT
