@@ -5,8 +5,6 @@
 
 mod conformance;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 /// The application's error: its database's, its own, idem's.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -21,20 +19,6 @@ pub enum AppError {
     Declined,
 }
 
-/// Counts body runs.
-#[derive(Debug, Default)]
-pub struct Runs(AtomicU32);
-impl Runs {
-    /// One more run.
-    pub fn hit(&self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-    /// The runs so far.
-    pub fn count(&self) -> u32 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
 /// The suite for one database: `$open` gives `Option<(Pool, Store)>`, `$insert` and
 /// `$count` are the business statements in its placeholders.
 macro_rules! transactional_suite {
@@ -45,8 +29,9 @@ macro_rules! transactional_suite {
         use idem::sqlx::{self, Pool, Transaction};
         use idem::{idempotent, Error, Status};
 
+        use crate::conformance::calls::Runs;
         use crate::conformance::unique;
-        use crate::{AppError, Runs};
+        use crate::AppError;
 
         #[idempotent(key = key, biz = "tx.pay", tx = tx, wait = "10s")]
         async fn pay(tx: &mut Transaction<'_, $db>, key: &str, cents: i64, runs: &Runs) -> Result<i64, AppError> {

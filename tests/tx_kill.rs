@@ -16,17 +16,6 @@ use std::time::Duration;
 const KEYS: usize = 300;
 const KILLS: usize = 8;
 
-/// The application's error.
-#[derive(Debug, thiserror::Error)]
-pub enum AppError {
-    /// idem's.
-    #[error(transparent)]
-    Idem(#[from] idem::Error),
-    /// The database's.
-    #[error(transparent)]
-    Db(#[from] idem::sqlx::Error),
-}
-
 /// `DONE key token` lines a worker printed.
 fn answers(out: &str) -> Vec<(String, String)> {
     out.lines()
@@ -50,6 +39,7 @@ macro_rules! tx_kill_suite {
         use idem::idempotent;
 
         use super::*;
+        use harness::AppError;
 
         #[idempotent(key = key, biz = "txkill", tx = tx, wait = "30s")]
         async fn pay(tx: &mut Transaction<'_, $db>, key: &str, token: &str) -> Result<String, AppError> {

@@ -56,22 +56,41 @@ impl StepLog {
         }
     }
 
-    fn error(&self, operation: &'static str, source: StoreError) -> Error {
-        Error::Store {
-            biz: self.lease.biz.clone(),
-            key: self.lease.key.clone(),
-            operation,
-            source,
-        }
+    /// The error `make` builds from the call's biz and key.
+    fn about(&self, make: impl FnOnce(String, String) -> Error) -> Error {
+        make(self.lease.biz.clone(), self.lease.key.clone())
     }
 
-    fn lost(&self, operation: &'static str) -> Error {
-        Error::LeaseLost {
-            biz: self.lease.biz.clone(),
-            key: self.lease.key.clone(),
-            fence: self.lease.fence,
+    fn error(&self, operation: &'static str, source: StoreError) -> Error {
+        self.about(|biz, key| Error::Store {
+            biz,
+            key,
             operation,
-        }
+            source,
+        })
+    }
+
+    fn lost(&self) -> Error {
+        let fence = self.lease.fence;
+        self.about(|biz, key| Error::LeaseLost {
+            biz,
+            key,
+            fence,
+            operation: "step",
+        })
+    }
+
+    fn undecodable(&self, source: serde_json::Error) -> Error {
+        self.about(|biz, key| Error::Decode { biz, key, source })
+    }
+
+    fn unencodable(&self, what: &'static str, source: serde_json::Error) -> Error {
+        self.about(|biz, key| Error::Encode {
+            biz,
+            key,
+            what,
+            source: Arc::new(source),
+        })
     }
 
     /// Take `name` for this call and say what an earlier attempt recorded for it.
@@ -103,13 +122,9 @@ impl StepLog {
         match record {
             Some(record) if self.lease.holds(&record) => match record.steps.as_deref() {
                 None => Ok(BTreeMap::new()),
-                Some(json) => serde_json::from_str(json).map_err(|source| Error::Decode {
-                    biz: self.lease.biz.clone(),
-                    key: self.lease.key.clone(),
-                    source,
-                }),
+                Some(json) => serde_json::from_str(json).map_err(|source| self.undecodable(source)),
             },
-            _ => Err(self.lost("step")),
+            _ => Err(self.lost()),
         }
     }
 
@@ -118,12 +133,7 @@ impl StepLog {
         let mut state = self.state.lock().await;
         let mut steps = state.recorded.clone().unwrap_or_default();
         steps.insert(name.to_owned(), value);
-        let json = serde_json::to_string(&steps).map_err(|e| Error::Encode {
-            biz: self.lease.biz.clone(),
-            key: self.lease.key.clone(),
-            what: "steps",
-            source: Arc::new(e),
-        })?;
+        let json = serde_json::to_string(&steps).map_err(|e| self.unencodable("steps", e))?;
         let mut attempt = 1;
         loop {
             match self.store.record_steps(&self.lease, &json).await {
@@ -131,7 +141,7 @@ impl StepLog {
                     state.recorded = Some(steps);
                     return Ok(());
                 }
-                Ok(FenceCheck::Lost) => return Err(self.lost("step")),
+                Ok(FenceCheck::Lost) => return Err(self.lost()),
                 Err(e) if attempt == RECORD_ATTEMPTS => return Err(self.error("record_steps", e)),
                 Err(e) => {
                     tracing::debug!(error = %e, step = name, attempt, "recording a step failed; trying again");
@@ -188,47 +198,31 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    let log = match context() {
-        None => {
-            return Err(Error::InvalidStep {
-                step: name.to_owned(),
-                reason: "it was called outside an idempotent body: there is no record to keep it in".to_owned(),
-            }
-            .into())
-        }
-        Some(context) => match context.steps() {
-            Some(log) => log,
-            None => {
-                return Err(Error::InvalidStep {
-                    step: name.to_owned(),
-                    reason: format!(
-                        "biz `{}` key `{}` runs in a transaction, which a step's record would roll back with; \
-                         pass `Context::effect_key(\"{name}\")` to the service instead",
-                        context.biz(),
-                        context.key()
-                    ),
-                }
-                .into())
-            }
-        },
-    };
+    let log = log_of(name)?;
     if let Some(json) = log.begin(name).await? {
-        return serde_json::from_str(&json).map_err(|source| {
-            Error::Decode {
-                biz: log.lease.biz.clone(),
-                key: log.lease.key.clone(),
-                source,
-            }
-            .into()
-        });
+        return serde_json::from_str(&json).map_err(|source| log.undecodable(source).into());
     }
     let value = effect.await?;
-    let json = encode(&value).map_err(|e| Error::Encode {
-        biz: log.lease.biz.clone(),
-        key: log.lease.key.clone(),
-        what: "step value",
-        source: Arc::new(e),
-    })?;
+    let json = encode(&value).map_err(|e| log.unencodable("step value", e))?;
     log.finish(name, json).await?;
     Ok(value)
+}
+
+/// The step log of the call whose body runs on this task, or why `name` cannot run.
+fn log_of(name: &str) -> Result<Arc<StepLog>, Error> {
+    let invalid = |reason| Error::InvalidStep {
+        step: name.to_owned(),
+        reason,
+    };
+    let context = context().ok_or_else(|| {
+        invalid("it was called outside an idempotent body: there is no record to keep it in".to_owned())
+    })?;
+    context.steps().ok_or_else(|| {
+        invalid(format!(
+            "biz `{}` key `{}` runs in a transaction, which a step's record would roll back with; \
+             pass `Context::effect_key(\"{name}\")` to the service instead",
+            context.biz(),
+            context.key()
+        ))
+    })
 }

@@ -210,10 +210,7 @@ impl MySqlStore {
             .execute(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &done, move || {
-            Self::read_in(conn, &table.sql, claim.biz, claim.key)
-        })
-        .await
+        Self::upserted(claim, &done, move || Self::read(conn, &table.sql, claim.biz, claim.key)).await
     }
 
     /// What the claim statement's counts say; a takeover is confirmed by `read`ing the

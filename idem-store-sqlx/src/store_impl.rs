@@ -157,25 +157,8 @@ macro_rules! impl_idempotency_store {
                 }
             }
 
-            /// The record of `(biz, key)`, read on a transaction's connection.
-            async fn read_in(
-                conn: &mut <$db as sqlx::Database>::Connection,
-                sql: &crate::statements::Statements,
-                biz: &str,
-                key: &str,
-            ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
-                let row = sqlx::query(&sql.get)
-                    .bind(biz)
-                    .bind(key)
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(|e| crate::row::driver_error("get", e))?;
-                row.as_ref()
-                    .map(crate::row::record_from_row::<_, $stamp>)
-                    .transpose()
-            }
-
-            /// The record of `(biz, key)`, read on `executor`.
+            /// The record of `(biz, key)`, read on `executor` (the pool, or a transaction's
+            /// connection).
             async fn read<'e, X>(
                 executor: X,
                 sql: &crate::statements::Statements,

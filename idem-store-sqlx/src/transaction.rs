@@ -92,16 +92,16 @@ pub trait TransactionDatabase: sqlx::Database + sealed::Sealed {
 /// to the operation), else that of the installed store when it is a store of the same
 /// database, else `idempotent_record`.
 fn table_for<DB: TransactionDatabase>(op: &Idempotent, store: Option<&dyn IdempotencyStore>) -> Result<Table, Error> {
-    let given = store
-        .map(|store| (store, true))
-        .or_else(|| op.given_store().map(|store| (&**store as &dyn IdempotencyStore, true)));
-    let installed = idem_runtime::installed();
-    let candidate = given.or_else(|| installed.as_deref().map(|store| (store, false)));
-    match candidate {
-        None => Ok(DB::default_table()),
-        Some((store, explicit)) => match store.as_any().and_then(DB::table_of) {
-            Some(table) => Ok(table),
-            None if explicit => Err(Error::InvalidOption {
+    let given = store.or_else(|| op.given_store().map(|store| &**store as &dyn IdempotencyStore));
+    match given {
+        // Not given: the installed store's table when it is one of this database's.
+        None => Ok(idem_runtime::installed()
+            .and_then(|store| store.as_any().and_then(DB::table_of))
+            .unwrap_or_else(DB::default_table)),
+        Some(store) => store
+            .as_any()
+            .and_then(DB::table_of)
+            .ok_or_else(|| Error::InvalidOption {
                 biz: op.biz().to_owned(),
                 option: "store",
                 reason: format!(
@@ -110,8 +110,6 @@ fn table_for<DB: TransactionDatabase>(op: &Idempotent, store: Option<&dyn Idempo
                     DB::LABEL
                 ),
             }),
-            None => Ok(DB::default_table()),
-        },
     }
 }
 
@@ -335,7 +333,7 @@ macro_rules! impl_transaction_database {
                             }
                             crate::claim::Upserted::Refused(Some(record)) => Some(record),
                             crate::claim::Upserted::Refused(None) => {
-                                <$store>::read_in(&mut *conn, &table.sql, claim.biz, claim.key).await?
+                                <$store>::read(&mut *conn, &table.sql, claim.biz, claim.key).await?
                             }
                         };
                         if let Some(existing) = crate::claim::standing(claim, stood) {

@@ -110,11 +110,10 @@ impl Call<'_> {
 /// What a finished record answers a duplicate of `op` for `key`: the replayed value,
 /// or the error its mode and status call for.
 pub(crate) fn answer_finished<T: DeserializeOwned>(op: &Idempotent, key: &str, record: Record) -> Result<T, Error> {
-    let error = |make: fn(String, String) -> Error| error_of(op, key, make);
     match (record.status, op.mode) {
         (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref())
             .map_err(|source| error_of(op, key, |biz, key| Error::Decode { biz, key, source })),
-        (Status::Succeeded, Mode::Reject) => Err(error(|biz, key| Error::Duplicate { biz, key })),
+        (Status::Succeeded, Mode::Reject) => Err(error_of(op, key, |biz, key| Error::Duplicate { biz, key })),
         _ => Err(error_of(op, key, |biz, key| Error::PreviousFailed {
             biz,
             key,

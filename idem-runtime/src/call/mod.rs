@@ -55,12 +55,7 @@ impl Call<'_> {
     }
 
     fn store_error(&self, operation: &'static str, source: StoreError) -> Error {
-        self.error(|biz, key| Error::Store {
-            biz,
-            key,
-            operation,
-            source,
-        })
+        store_error(self.op, &self.key, operation, source)
     }
 
     fn error(&self, make: impl FnOnce(String, String) -> Error) -> Error {
@@ -101,6 +96,16 @@ pub(crate) fn check_input<'o>(op: &'o Idempotent, key: &str) -> Result<Option<&'
             source: source.clone(),
         })),
     }
+}
+
+/// The store failed at `operation` for `key`.
+pub(crate) fn store_error(op: &Idempotent, key: &str, operation: &'static str, source: StoreError) -> Error {
+    error_of(op, key, |biz, key| Error::Store {
+        biz,
+        key,
+        operation,
+        source,
+    })
 }
 
 /// The error `make` builds from the operation's biz and the key.

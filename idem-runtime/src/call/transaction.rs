@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::admission::answer_finished;
 use super::outcome::{judge, Verdict};
-use super::{check_input, error_of, Describe};
+use super::{check_input, error_of, store_error, Describe};
 use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock;
 use crate::context::{Context, LeaseSignal};
@@ -168,13 +168,4 @@ impl TransactionClaim<'_> {
             Err(source) => failed(store_error(self.op, &self.key, operation, source)),
         }
     }
-}
-
-fn store_error(op: &Idempotent, key: &str, operation: &'static str, source: StoreError) -> Error {
-    error_of(op, key, |biz, key| Error::Store {
-        biz,
-        key,
-        operation,
-        source,
-    })
 }
