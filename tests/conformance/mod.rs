@@ -92,6 +92,7 @@ macro_rules! conformance_suite {
             step_misuse_is_refused,
             stale_holder_cannot_record_steps,
             a_new_life_starts_without_steps,
+            a_step_record_that_fails_once_is_offered_again,
         );
         $crate::conformance_suite!(@tests $store; scenarios;
             first_call_runs_once_and_records_success,

@@ -7,6 +7,7 @@ use idem::store::{Claim, ClaimOutcome, FenceCheck, Lease};
 use idem::{idempotent, step, Error, Status};
 
 use super::calls::{AppError, Runs, Store};
+use super::faulty::{Fault, FaultyStore, Op};
 use super::unique;
 
 const BIZ: &str = "conformance.steps";
@@ -218,4 +219,20 @@ pub async fn a_new_life_starts_without_steps(store: &Store) {
     let record = store.get(BIZ, &key).await.unwrap().unwrap();
     assert_ne!(record.created_at, old.created_at, "a new life");
     assert_eq!(record.steps, None, "the expired life's steps are not carried over");
+}
+
+/// A step's value the store fails to take once, or takes and then reports failing, is
+/// offered again: the step's effect ran once and the call goes on.
+pub async fn a_step_record_that_fails_once_is_offered_again(store: &Store) {
+    let faulty = FaultyStore::new(store);
+    let shared = faulty.shared();
+    for fault in [Fault::Fail, Fault::CommitThenFail] {
+        faulty.inject(Op::RecordSteps, fault, 1);
+        let key = unique("steps-flaky-store");
+        let (charges, texts) = (Runs::default(), Runs::default());
+        let done = charge_then_sms(&shared, &key, &charges, &texts, After::GoOn).await;
+        assert_eq!(done.unwrap(), "charge 1 sms 1", "{fault:?}");
+        assert_eq!((charges.count(), texts.count()), (1, 1), "{fault:?}");
+    }
+    assert_eq!(faulty.errors(Op::RecordSteps), 2, "each fault met once");
 }
