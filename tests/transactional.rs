@@ -22,7 +22,7 @@ pub enum AppError {
 /// The suite for one database: `$open` gives `Option<(Pool, Store)>`, `$insert` and
 /// `$count` are the business statements in its placeholders.
 macro_rules! transactional_suite {
-    ($db:ty, $store:ty, $open:expr, $insert:literal, $count:literal, $record_count:literal) => {
+    ($db:ty, $store:ty, $open:expr, $insert:literal, $count:literal, $record_count:literal, $lock_wait:literal) => {
         use std::sync::Arc;
         use std::time::Duration;
 
@@ -91,12 +91,23 @@ macro_rules! transactional_suite {
                 .unwrap()
         }
 
+        /// The connection's own bound on lock waits, as text.
+        async fn lock_wait_setting(tx: &mut Transaction<'_, $db>) -> String {
+            sqlx::query_scalar($lock_wait).fetch_one(&mut **tx).await.unwrap()
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn the_record_commits_with_the_business_write() {
             let Some((pool, store)) = $open.await else { return };
             let (key, runs) = (unique("tx-commit"), Runs::default());
             let mut tx = pool.begin().await.unwrap();
+            let setting = lock_wait_setting(&mut tx).await;
             assert_eq!(pay(&mut tx, &key, 199, &runs).await.unwrap(), 199);
+            assert_eq!(
+                lock_wait_setting(&mut tx).await,
+                setting,
+                "the wait bound is restored after the claim"
+            );
             tx.commit().await.unwrap();
             assert_eq!(charges(&pool, &key).await, 1);
             let record = idem::IdempotencyStore::get(&store, "tx.pay", &key)
@@ -187,10 +198,16 @@ macro_rules! transactional_suite {
             let mut first = pool.begin().await.unwrap();
             pay(&mut first, &key, 199, &runs).await.unwrap();
             let mut second = pool.begin().await.unwrap();
+            let setting = lock_wait_setting(&mut second).await;
             let error = pay_briefly(&mut second, &key, &runs).await.unwrap_err();
             assert!(
                 matches!(error, AppError::Idem(Error::InProgress { .. })),
                 "{error:?}"
+            );
+            assert_eq!(
+                lock_wait_setting(&mut second).await,
+                setting,
+                "the wait bound is restored after it ran out"
             );
             let none: i64 = sqlx::query_scalar($count)
                 .bind("none")
@@ -310,7 +327,11 @@ mod sqlite {
             format!("sqlite://{}/tx.db", dir.display())
         });
         let store = SqliteStore::connect(path).await.unwrap();
-        store.migrate().await.unwrap();
+        // Once per process: `migrate` takes table locks (`CREATE INDEX IF NOT EXISTS`)
+        // that queue behind the open transactions of the tests beside it, and claims
+        // queued behind those would wait out their `wait`.
+        static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        MIGRATED.get_or_init(|| async { store.migrate().await.unwrap() }).await;
         with_charges!(store)
     }
 
@@ -320,7 +341,8 @@ mod sqlite {
         open(),
         "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
-        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?"
+        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?",
+        "SELECT CAST(timeout AS TEXT) FROM pragma_busy_timeout"
     );
 }
 
@@ -330,7 +352,11 @@ mod postgres {
     async fn open() -> Option<(idem::sqlx::PgPool, PostgresStore)> {
         let url = crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
         let store = PostgresStore::connect(&url).await.unwrap();
-        store.migrate().await.unwrap();
+        // Once per process: `migrate` takes table locks (`CREATE INDEX IF NOT EXISTS`)
+        // that queue behind the open transactions of the tests beside it, and claims
+        // queued behind those would wait out their `wait`.
+        static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        MIGRATED.get_or_init(|| async { store.migrate().await.unwrap() }).await;
         with_charges!(store)
     }
 
@@ -340,7 +366,8 @@ mod postgres {
         open(),
         "INSERT INTO tx_charges (order_key, cents) VALUES ($1, $2)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = $1",
-        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = $1"
+        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = $1",
+        "SELECT current_setting('lock_timeout')"
     );
 }
 
@@ -350,7 +377,11 @@ mod mysql {
     async fn open() -> Option<(idem::sqlx::MySqlPool, MySqlStore)> {
         let url = crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL")?;
         let store = MySqlStore::connect(&url).await.unwrap();
-        store.migrate().await.unwrap();
+        // Once per process: `migrate` takes table locks (`CREATE INDEX IF NOT EXISTS`)
+        // that queue behind the open transactions of the tests beside it, and claims
+        // queued behind those would wait out their `wait`.
+        static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        MIGRATED.get_or_init(|| async { store.migrate().await.unwrap() }).await;
         with_charges!(store)
     }
 
@@ -360,6 +391,7 @@ mod mysql {
         open(),
         "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
-        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?"
+        "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?",
+        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR)"
     );
 }
