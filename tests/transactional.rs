@@ -4,6 +4,7 @@
 //! caller's transaction usable.
 
 mod conformance;
+mod harness;
 
 /// The application's error: its database's, its own, idem's.
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +23,7 @@ pub enum AppError {
 /// The suite for one database: `$open` gives `Option<(Pool, Store)>`, `$insert` and
 /// `$count` are the business statements in its placeholders.
 macro_rules! transactional_suite {
-    ($db:ty, $store:ty, $open:expr, $insert:literal, $count:literal, $record_count:literal, $lock_wait:literal) => {
+    ($backend:literal, $db:ty, $store:ty, $insert:literal, $count:literal, $record_count:literal, $lock_wait:literal) => {
         use std::sync::Arc;
         use std::time::Duration;
 
@@ -75,6 +76,26 @@ macro_rules! transactional_suite {
             Err(AppError::Declined)
         }
 
+        /// The store on this backend, its table migrated once per process (`migrate`
+        /// takes table locks, `CREATE INDEX IF NOT EXISTS`, that queue behind the open
+        /// transactions of the tests beside it, and claims queued behind those would
+        /// wait out their `wait`), and the business table.
+        async fn open() -> Option<(Pool<$db>, $store)> {
+            let url = crate::harness::backend_url($backend, "tx")?;
+            let store = <$store>::connect(&url).await.unwrap();
+            static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+            MIGRATED
+                .get_or_init(|| async { store.migrate().await.unwrap() })
+                .await;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS tx_charges (order_key VARCHAR(255) PRIMARY KEY, cents BIGINT NOT NULL)",
+            )
+            .execute(store.pool())
+            .await
+            .unwrap();
+            Some((store.pool().clone(), store))
+        }
+
         async fn charges(pool: &Pool<$db>, key: &str) -> i64 {
             sqlx::query_scalar($count)
                 .bind(key)
@@ -98,7 +119,7 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn the_record_commits_with_the_business_write() {
-            let Some((pool, store)) = $open.await else { return };
+            let Some((pool, store)) = open().await else { return };
             let (key, runs) = (unique("tx-commit"), Runs::default());
             let mut tx = pool.begin().await.unwrap();
             let setting = lock_wait_setting(&mut tx).await;
@@ -123,7 +144,7 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_rollback_erases_both_and_the_retry_runs_cleanly() {
-            let Some((pool, store)) = $open.await else { return };
+            let Some((pool, store)) = open().await else { return };
             let (key, runs) = (unique("tx-rollback"), Runs::default());
             let mut tx = pool.begin().await.unwrap();
             pay(&mut tx, &key, 199, &runs).await.unwrap();
@@ -145,7 +166,7 @@ macro_rules! transactional_suite {
 
         /// The first transaction commits (or rolls back) while a duplicate waits on it.
         async fn duplicate_meets_an_open_transaction(commit: bool) -> (Result<i64, AppError>, u32, i64) {
-            let (pool, _store) = $open.await.unwrap();
+            let (pool, _store) = open().await.unwrap();
             let key = unique("tx-wait");
             let runs = Arc::new(Runs::default());
             let mut first = pool.begin().await.unwrap();
@@ -175,7 +196,7 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_duplicate_waits_for_the_commit_then_replays() {
-            if $open.await.is_none() {
+            if open().await.is_none() {
                 return;
             }
             let (answer, runs, rows) = duplicate_meets_an_open_transaction(true).await;
@@ -184,7 +205,7 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_duplicate_claims_after_a_rollback() {
-            if $open.await.is_none() {
+            if open().await.is_none() {
                 return;
             }
             let (answer, runs, rows) = duplicate_meets_an_open_transaction(false).await;
@@ -193,7 +214,9 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_wait_that_runs_out_is_in_progress_and_keeps_the_transaction() {
-            let Some((pool, _store)) = $open.await else { return };
+            let Some((pool, _store)) = open().await else {
+                return;
+            };
             let (key, runs) = (unique("tx-busy"), Runs::default());
             let mut first = pool.begin().await.unwrap();
             pay(&mut first, &key, 199, &runs).await.unwrap();
@@ -222,7 +245,9 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn errors_are_released_or_recorded_inside_the_transaction() {
-            let Some((pool, _store)) = $open.await else { return };
+            let Some((pool, _store)) = open().await else {
+                return;
+            };
             let key = unique("tx-error");
             let mut tx = pool.begin().await.unwrap();
             assert!(matches!(
@@ -246,7 +271,9 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn reject_and_payload_mismatch_work_as_in_the_leased_mode() {
-            let Some((pool, _store)) = $open.await else { return };
+            let Some((pool, _store)) = open().await else {
+                return;
+            };
             let key = unique("tx-reject");
             let mut tx = pool.begin().await.unwrap();
             pay_once(&mut tx, &key, 7).await.unwrap();
@@ -268,7 +295,7 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn the_builder_runs_in_a_spawned_task_on_the_store_table() {
-            let Some((pool, store)) = $open.await else { return };
+            let Some((pool, store)) = open().await else { return };
             let key = unique("tx-builder");
             let op = idem::Idempotent::new("tx.builder").store(Arc::new(store.clone()));
             let handle = tokio::spawn({
@@ -302,43 +329,11 @@ macro_rules! transactional_suite {
     };
 }
 
-/// Create the business table on `pool`.
-macro_rules! with_charges {
-    ($store:expr) => {{
-        let store = $store;
-        idem::sqlx::query(
-            "CREATE TABLE IF NOT EXISTS tx_charges (order_key VARCHAR(255) PRIMARY KEY, cents BIGINT NOT NULL)",
-        )
-        .execute(store.pool())
-        .await
-        .unwrap();
-        Some((store.pool().clone(), store))
-    }};
-}
-
 mod sqlite {
-    use idem::SqliteStore;
-
-    async fn open() -> Option<(idem::sqlx::SqlitePool, SqliteStore)> {
-        static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let path = FILE.get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("idem-tx-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            format!("sqlite://{}/tx.db", dir.display())
-        });
-        let store = SqliteStore::connect(path).await.unwrap();
-        // Once per process: `migrate` takes table locks (`CREATE INDEX IF NOT EXISTS`)
-        // that queue behind the open transactions of the tests beside it, and claims
-        // queued behind those would wait out their `wait`.
-        static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-        MIGRATED.get_or_init(|| async { store.migrate().await.unwrap() }).await;
-        with_charges!(store)
-    }
-
     transactional_suite!(
+        "sqlite",
         idem::sqlx::Sqlite,
-        SqliteStore,
-        open(),
+        idem::SqliteStore,
         "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
         "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?",
@@ -347,23 +342,10 @@ mod sqlite {
 }
 
 mod postgres {
-    use idem::PostgresStore;
-
-    async fn open() -> Option<(idem::sqlx::PgPool, PostgresStore)> {
-        let url = crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
-        let store = PostgresStore::connect(&url).await.unwrap();
-        // Once per process: `migrate` takes table locks (`CREATE INDEX IF NOT EXISTS`)
-        // that queue behind the open transactions of the tests beside it, and claims
-        // queued behind those would wait out their `wait`.
-        static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-        MIGRATED.get_or_init(|| async { store.migrate().await.unwrap() }).await;
-        with_charges!(store)
-    }
-
     transactional_suite!(
+        "postgres",
         idem::sqlx::Postgres,
-        PostgresStore,
-        open(),
+        idem::PostgresStore,
         "INSERT INTO tx_charges (order_key, cents) VALUES ($1, $2)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = $1",
         "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = $1",
@@ -372,23 +354,10 @@ mod postgres {
 }
 
 mod mysql {
-    use idem::MySqlStore;
-
-    async fn open() -> Option<(idem::sqlx::MySqlPool, MySqlStore)> {
-        let url = crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL")?;
-        let store = MySqlStore::connect(&url).await.unwrap();
-        // Once per process: `migrate` takes table locks (`CREATE INDEX IF NOT EXISTS`)
-        // that queue behind the open transactions of the tests beside it, and claims
-        // queued behind those would wait out their `wait`.
-        static MIGRATED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-        MIGRATED.get_or_init(|| async { store.migrate().await.unwrap() }).await;
-        with_charges!(store)
-    }
-
     transactional_suite!(
+        "mysql",
         idem::sqlx::MySql,
-        MySqlStore,
-        open(),
+        idem::MySqlStore,
         "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
         "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?",
