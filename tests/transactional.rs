@@ -165,8 +165,8 @@ macro_rules! transactional_suite {
         }
 
         /// The first transaction commits (or rolls back) while a duplicate waits on it.
-        async fn duplicate_meets_an_open_transaction(commit: bool) -> (Result<i64, AppError>, u32, i64) {
-            let (pool, _store) = open().await.unwrap();
+        async fn duplicate_meets_an_open_transaction(commit: bool) -> Option<(Result<i64, AppError>, u32, i64)> {
+            let (pool, _store) = open().await?;
             let key = unique("tx-wait");
             let runs = Arc::new(Runs::default());
             let mut first = pool.begin().await.unwrap();
@@ -191,24 +191,22 @@ macro_rules! transactional_suite {
                 first.rollback().await.unwrap();
             }
             let answer = duplicate.await.unwrap();
-            (answer, runs.count(), charges(&pool, &key).await)
+            Some((answer, runs.count(), charges(&pool, &key).await))
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_duplicate_waits_for_the_commit_then_replays() {
-            if open().await.is_none() {
+            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(true).await else {
                 return;
-            }
-            let (answer, runs, rows) = duplicate_meets_an_open_transaction(true).await;
+            };
             assert_eq!((answer.unwrap(), runs, rows), (199, 1, 1));
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_duplicate_claims_after_a_rollback() {
-            if open().await.is_none() {
+            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(false).await else {
                 return;
-            }
-            let (answer, runs, rows) = duplicate_meets_an_open_transaction(false).await;
+            };
             assert_eq!((answer.unwrap(), runs, rows), (500, 2, 1));
         }
 
