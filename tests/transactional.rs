@@ -113,19 +113,22 @@ macro_rules! transactional_suite {
         }
 
         /// The connection's own bound on lock waits, as text.
-        async fn lock_wait_setting(tx: &mut Transaction<'_, $db>) -> String {
-            sqlx::query_scalar($lock_wait).fetch_one(&mut **tx).await.unwrap()
+        async fn lock_wait_setting(conn: &mut <$db as sqlx::Database>::Connection) -> String {
+            sqlx::query_scalar($lock_wait).fetch_one(conn).await.unwrap()
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn the_record_commits_with_the_business_write() {
             let Some((pool, store)) = open().await else { return };
             let (key, runs) = (unique("tx-commit"), Runs::default());
-            let mut tx = pool.begin().await.unwrap();
-            let setting = lock_wait_setting(&mut tx).await;
+            // Read before the transaction begins: a SQLite transaction that reads before
+            // its claim may be refused the write lock (see `transaction.rs`).
+            let mut conn = pool.acquire().await.unwrap();
+            let setting = lock_wait_setting(&mut conn).await;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
             assert_eq!(pay(&mut tx, &key, 199, &runs).await.unwrap(), 199);
             assert_eq!(
-                lock_wait_setting(&mut tx).await,
+                lock_wait_setting(&mut *tx).await,
                 setting,
                 "the wait bound is restored after the claim"
             );
@@ -219,14 +222,14 @@ macro_rules! transactional_suite {
             let mut first = pool.begin().await.unwrap();
             pay(&mut first, &key, 199, &runs).await.unwrap();
             let mut second = pool.begin().await.unwrap();
-            let setting = lock_wait_setting(&mut second).await;
+            let setting = lock_wait_setting(&mut *second).await;
             let error = pay_briefly(&mut second, &key, &runs).await.unwrap_err();
             assert!(
                 matches!(error, AppError::Idem(Error::InProgress { .. })),
                 "{error:?}"
             );
             assert_eq!(
-                lock_wait_setting(&mut second).await,
+                lock_wait_setting(&mut *second).await,
                 setting,
                 "the wait bound is restored after it ran out"
             );
