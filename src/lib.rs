@@ -356,7 +356,6 @@ pub use idem_store_sqlx::sqlx;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sql {
-    pub use idem_runtime::DEFAULT_TRANSACTION_WAIT;
     pub use idem_store_sqlx::{
         connect_table, execute_in, open, open_table, BodyFuture, TransactionDatabase, DEFAULT_TABLE,
     };

@@ -36,6 +36,21 @@ macro_rules! transactional_suite {
 
         #[idempotent(key = key, biz = "tx.pay", tx = tx, wait = "10s")]
         async fn pay(tx: &mut Transaction<'_, $db>, key: &str, cents: i64, runs: &Runs) -> Result<i64, AppError> {
+            pay_body(tx, key, cents, runs).await
+        }
+
+        /// `pay` without `wait`: the claim waits as any statement of the connection.
+        #[idempotent(key = key, biz = "tx.pay", tx = tx)]
+        async fn pay_unbounded(
+            tx: &mut Transaction<'_, $db>,
+            key: &str,
+            cents: i64,
+            runs: &Runs,
+        ) -> Result<i64, AppError> {
+            pay_body(tx, key, cents, runs).await
+        }
+
+        async fn pay_body(tx: &mut Transaction<'_, $db>, key: &str, cents: i64, runs: &Runs) -> Result<i64, AppError> {
             runs.hit();
             sqlx::query($insert)
                 .bind(key)
@@ -167,8 +182,12 @@ macro_rules! transactional_suite {
             assert_eq!((runs.count(), charges(&pool, &key).await), (3, 1));
         }
 
-        /// The first transaction commits (or rolls back) while a duplicate waits on it.
-        async fn duplicate_meets_an_open_transaction(commit: bool) -> Option<(Result<i64, AppError>, u32, i64)> {
+        /// The first transaction commits (or rolls back) while a duplicate waits on it,
+        /// up to its `wait` (`bounded`) or as any statement of its connection.
+        async fn duplicate_meets_an_open_transaction(
+            commit: bool,
+            bounded: bool,
+        ) -> Option<(Result<i64, AppError>, u32, i64)> {
             let (pool, _store) = open().await?;
             let key = unique("tx-wait");
             let runs = Arc::new(Runs::default());
@@ -178,7 +197,11 @@ macro_rules! transactional_suite {
                 let (pool, key, runs) = (pool.clone(), key.clone(), runs.clone());
                 tokio::spawn(async move {
                     let mut tx = pool.begin().await.unwrap();
-                    let answer = pay(&mut tx, &key, 500, &runs).await;
+                    let answer = if bounded {
+                        pay(&mut tx, &key, 500, &runs).await
+                    } else {
+                        pay_unbounded(&mut tx, &key, 500, &runs).await
+                    };
                     tx.commit().await.unwrap();
                     answer
                 })
@@ -199,7 +222,15 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_duplicate_waits_for_the_commit_then_replays() {
-            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(true).await else {
+            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(true, true).await else {
+                return;
+            };
+            assert_eq!((answer.unwrap(), runs, rows), (199, 1, 1));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn without_wait_a_duplicate_waits_as_any_statement_then_replays() {
+            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(true, false).await else {
                 return;
             };
             assert_eq!((answer.unwrap(), runs, rows), (199, 1, 1));
@@ -207,7 +238,7 @@ macro_rules! transactional_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_duplicate_claims_after_a_rollback() {
-            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(false).await else {
+            let Some((answer, runs, rows)) = duplicate_meets_an_open_transaction(false, true).await else {
                 return;
             };
             assert_eq!((answer.unwrap(), runs, rows), (500, 2, 1));

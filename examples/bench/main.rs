@@ -4,11 +4,13 @@
 //! cargo run --release --example bench                       # memory and SQLite
 //! eval "$(.ci/start-databases)"                             # PostgreSQL and MariaDB too
 //! cargo run --release --example bench -- --calls 5000 --growth
+//! cargo run --release --example bench -- --transactional-only  # just that table
 //! ```
 //!
 //! For each backend: the bare function, the hand-written floor (the same claim and
 //! record statements typed directly with sqlx on the same pool), idem's first execution
-//! and replay, replay through `CachedStore`; p50 and p99 of each. Then throughput of
+//! and replay, replay through `CachedStore`; p50 and p99 of each. Then transactional
+//! mode against the same business transaction without idem. Then throughput of
 //! distinct keys with 1, 8 and 64 tasks, a storm of 1,000 concurrent calls on one key,
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
@@ -95,97 +97,190 @@ fn sqlite_text(at: SystemTime) -> String {
 }
 
 impl Floor {
+    /// The claim and the record, each committed on its own, as idem's leased mode runs them.
     async fn claim_and_record(&self, key: &str) {
-        let (biz, response) = ("floor", r#"{"charge_id":1,"cents":19900}"#);
-        let now = idem::store::now();
-        let (lease_until, expires) = (now + Duration::from_secs(30), now + Duration::from_secs(86_400));
-        let no_text: Option<&str> = None;
-        let first_fence = i64::try_from(now.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap();
+        self.run(key, None).await;
+    }
+
+    /// The claim, then `business` (an insert binding the key and an amount), then the
+    /// record, in one transaction: the floor of transactional mode.
+    async fn claim_business_record(&self, key: &str, business: &str) {
+        self.run(key, Some(business)).await;
+    }
+
+    async fn run(&self, key: &str, business: Option<&str>) {
+        /// On one pooled connection, or in one transaction committed at the end.
+        macro_rules! on_connection {
+            ($store:expr, $rows:ident) => {
+                match business {
+                    None => $rows($store, &mut $store.pool().acquire().await.unwrap(), key, None).await,
+                    Some(sql) => {
+                        let mut tx = $store.pool().begin().await.unwrap();
+                        $rows($store, &mut tx, key, Some(sql)).await;
+                        tx.commit().await.unwrap();
+                    }
+                }
+            };
+        }
         match self {
-            Floor::Sqlite(store) => {
-                let row = idem::sqlx::query(store.claim_sql())
-                    .bind(biz)
-                    .bind(key)
-                    .bind(no_text)
-                    .bind(no_text)
-                    .bind(sqlite_text(lease_until))
-                    .bind(sqlite_text(now))
-                    .bind(sqlite_text(expires))
-                    .bind(first_fence)
-                    .fetch_one(store.pool())
-                    .await
-                    .unwrap();
-                let (fence, created_at): (i64, String) = (row.get(0), row.get(1));
-                idem::sqlx::query(store.complete_sql())
-                    .bind(response)
-                    .bind(sqlite_text(now))
-                    .bind(sqlite_text(now))
-                    .bind(sqlite_text(expires))
-                    .bind(biz)
-                    .bind(key)
-                    .bind(fence)
-                    .bind(created_at)
-                    .execute(store.pool())
-                    .await
-                    .unwrap();
-            }
-            Floor::Postgres(store) => {
-                let row = idem::sqlx::query(store.claim_sql())
-                    .bind(biz)
-                    .bind(key)
-                    .bind(no_text)
-                    .bind(no_text)
-                    .bind(utc(lease_until))
-                    .bind(utc(now))
-                    .bind(utc(expires))
-                    .bind(first_fence)
-                    .fetch_one(store.pool())
-                    .await
-                    .unwrap();
-                // The claim returns the record that stood in the way first, then the grant.
-                let (fence, created_at): (i64, DateTime<Utc>) = (row.get(12), row.get(13));
-                idem::sqlx::query(store.complete_sql())
-                    .bind(response)
-                    .bind(utc(now))
-                    .bind(utc(now))
-                    .bind(utc(expires))
-                    .bind(biz)
-                    .bind(key)
-                    .bind(fence)
-                    .bind(created_at)
-                    .execute(store.pool())
-                    .await
-                    .unwrap();
-            }
-            Floor::MySql(store) => {
-                let done = idem::sqlx::query(store.claim_sql())
-                    .bind(biz)
-                    .bind(key)
-                    .bind(no_text)
-                    .bind(no_text)
-                    .bind(utc(lease_until).naive_utc())
-                    .bind(utc(now).naive_utc())
-                    .bind(utc(expires).naive_utc())
-                    .bind(first_fence)
-                    .execute(store.pool())
-                    .await
-                    .unwrap();
-                assert_eq!((done.rows_affected(), done.last_insert_id()), (1, 0), "a fresh insert");
-                idem::sqlx::query(store.complete_sql())
-                    .bind(response)
-                    .bind(utc(now).naive_utc())
-                    .bind(utc(now).naive_utc())
-                    .bind(utc(expires).naive_utc())
-                    .bind(biz)
-                    .bind(key)
-                    .bind(first_fence)
-                    .bind(utc(now).naive_utc())
-                    .execute(store.pool())
-                    .await
-                    .unwrap();
-            }
+            Floor::Sqlite(store) => on_connection!(store, sqlite_rows),
+            Floor::Postgres(store) => on_connection!(store, postgres_rows),
+            Floor::MySql(store) => on_connection!(store, mysql_rows),
         }
     }
+}
+
+const BIZ: &str = "floor";
+const RESPONSE: &str = r#"{"charge_id":1,"cents":19900}"#;
+const NO_TEXT: Option<&str> = None;
+
+/// When the floor's record is claimed, its lease ends and it expires.
+struct Stamps {
+    now: SystemTime,
+    lease_until: SystemTime,
+    expires: SystemTime,
+    first_fence: i64,
+}
+
+fn stamps() -> Stamps {
+    let now = idem::store::now();
+    Stamps {
+        now,
+        lease_until: now + Duration::from_secs(30),
+        expires: now + Duration::from_secs(86_400),
+        first_fence: i64::try_from(now.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap(),
+    }
+}
+
+/// The business statement of the transactional rows: one insert binding the key and an
+/// amount.
+async fn business_insert<'c, DB>(conn: &'c mut DB::Connection, sql: &str, key: &str)
+where
+    DB: idem::sqlx::Database,
+    &'c mut DB::Connection: idem::sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: idem::sqlx::IntoArguments<'q, DB>,
+    for<'q> String: idem::sqlx::Encode<'q, DB> + idem::sqlx::Type<DB>,
+    for<'q> i64: idem::sqlx::Encode<'q, DB> + idem::sqlx::Type<DB>,
+{
+    idem::sqlx::query(sql)
+        .bind(key.to_owned())
+        .bind(19_900i64)
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+async fn sqlite_rows(
+    store: &idem::SqliteStore,
+    conn: &mut idem::sqlx::SqliteConnection,
+    key: &str,
+    business: Option<&str>,
+) {
+    let at = stamps();
+    let row = idem::sqlx::query(store.claim_sql())
+        .bind(BIZ)
+        .bind(key)
+        .bind(NO_TEXT)
+        .bind(NO_TEXT)
+        .bind(sqlite_text(at.lease_until))
+        .bind(sqlite_text(at.now))
+        .bind(sqlite_text(at.expires))
+        .bind(at.first_fence)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let (fence, created_at): (i64, String) = (row.get(0), row.get(1));
+    if let Some(sql) = business {
+        business_insert::<idem::sqlx::Sqlite>(&mut *conn, sql, key).await;
+    }
+    idem::sqlx::query(store.complete_sql())
+        .bind(RESPONSE)
+        .bind(sqlite_text(at.now))
+        .bind(sqlite_text(at.now))
+        .bind(sqlite_text(at.expires))
+        .bind(BIZ)
+        .bind(key)
+        .bind(fence)
+        .bind(created_at)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+async fn postgres_rows(
+    store: &idem::PostgresStore,
+    conn: &mut idem::sqlx::PgConnection,
+    key: &str,
+    business: Option<&str>,
+) {
+    let at = stamps();
+    let row = idem::sqlx::query(store.claim_sql())
+        .bind(BIZ)
+        .bind(key)
+        .bind(NO_TEXT)
+        .bind(NO_TEXT)
+        .bind(utc(at.lease_until))
+        .bind(utc(at.now))
+        .bind(utc(at.expires))
+        .bind(at.first_fence)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    // The claim returns the record that stood in the way first (13 columns), then the grant.
+    let (fence, created_at): (i64, DateTime<Utc>) = (row.get(13), row.get(14));
+    if let Some(sql) = business {
+        business_insert::<idem::sqlx::Postgres>(&mut *conn, sql, key).await;
+    }
+    idem::sqlx::query(store.complete_sql())
+        .bind(RESPONSE)
+        .bind(utc(at.now))
+        .bind(utc(at.now))
+        .bind(utc(at.expires))
+        .bind(BIZ)
+        .bind(key)
+        .bind(fence)
+        .bind(created_at)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+async fn mysql_rows(
+    store: &idem::MySqlStore,
+    conn: &mut idem::sqlx::MySqlConnection,
+    key: &str,
+    business: Option<&str>,
+) {
+    let at = stamps();
+    let naive = |at: SystemTime| utc(at).naive_utc();
+    let done = idem::sqlx::query(store.claim_sql())
+        .bind(BIZ)
+        .bind(key)
+        .bind(NO_TEXT)
+        .bind(NO_TEXT)
+        .bind(naive(at.lease_until))
+        .bind(naive(at.now))
+        .bind(naive(at.expires))
+        .bind(at.first_fence)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!((done.rows_affected(), done.last_insert_id()), (1, 0), "a fresh insert");
+    if let Some(sql) = business {
+        business_insert::<idem::sqlx::MySql>(&mut *conn, sql, key).await;
+    }
+    idem::sqlx::query(store.complete_sql())
+        .bind(RESPONSE)
+        .bind(naive(at.now))
+        .bind(naive(at.now))
+        .bind(naive(at.expires))
+        .bind(BIZ)
+        .bind(key)
+        .bind(at.first_fence)
+        .bind(naive(at.now))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
 }
 
 async fn backends() -> Vec<Backend> {
@@ -396,6 +491,7 @@ async fn memory_per_record() -> (u64, usize) {
 }
 
 mod growth;
+mod transactional;
 
 #[tokio::main]
 async fn main() {
@@ -408,11 +504,17 @@ async fn main() {
         .unwrap_or(2000usize);
     let backends = backends().await;
     println!("idem bench: {calls} calls a row, one run, release build; µs per call\n");
+    if args.iter().any(|a| a == "--transactional-only") {
+        transactional::report(&backends, calls).await;
+        return;
+    }
     println!("| backend | what | p50 µs | p99 µs | first ÷ floor (p50) |");
     println!("|---|---|---|---|---|");
     for backend in &backends {
         latency(backend, calls).await;
     }
+
+    transactional::report(&backends, calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");
     println!("|---|---|---|---|");

@@ -60,8 +60,10 @@ mod item;
 ///   `&mut sqlx::Transaction<'_, DB>` (SQLite, PostgreSQL, MySQL): the claim and the
 ///   record are written in that transaction and commit or roll back with the body's own
 ///   writes. `store`, if given, picks the table (a store of the same database); `lease`
-///   does not apply (nothing is visible to others before the commit); `wait` bounds the
-///   wait for another open transaction holding the key (default 5 s). `tx = tx`.
+///   does not apply (nothing is visible to others before the commit). A duplicate waits
+///   for another open transaction holding the key as any statement of the connection
+///   waits for a lock; `wait` bounds that wait instead (two more round trips).
+///   `tx = tx`.
 /// - `crate` (default `::idem`): where `idem` is when the dependency is renamed.
 ///   `crate = ::my_idem`.
 ///

@@ -53,7 +53,7 @@ pub use bounds::MAX_DURATION;
 #[cfg(feature = "cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cache")))]
 pub use cache::CachedStore;
-pub use call::transaction::{Admission, TransactionClaim, TransactionStore, DEFAULT_TRANSACTION_WAIT};
+pub use call::transaction::{Admission, TransactionClaim, TransactionStore};
 pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 pub use clock::now;
 pub use context::{context, Context};

@@ -2,15 +2,22 @@
 //! caller's own `sqlx::Transaction`, committed or rolled back with the business writes.
 //!
 //! [`execute_in`] is the API; `#[idempotent(tx = ...)]` expands to the same two halves
-//! ([`admit`], then [`TransactionCall::record`]). What differs between databases is the
-//! bound on the wait for another open transaction that holds the key, and keeping a
-//! failed claim from poisoning the caller's transaction:
+//! ([`admit`], then [`TransactionCall::record`]).
 //!
-//! | database | the wait | a failed claim |
-//! |---|---|---|
-//! | PostgreSQL | `lock_timeout`, set for the claim and restored | rolled back to a savepoint |
-//! | MySQL / MariaDB | `innodb_lock_wait_timeout`, whole seconds (rounded up), restored | InnoDB rolls back the statement alone (a deadlock rolls back the whole transaction, as it would any statement) |
-//! | SQLite | `busy_timeout` of the connection, restored | the statement alone |
+//! A duplicate whose first call's transaction is still open waits for it like any
+//! statement of the connection waits for a lock: the claim is one statement in the
+//! caller's transaction, and costs nothing else. When the operation sets `wait`, the
+//! claim bounds its wait by it instead — at the price of two more round trips (one
+//! more statement on SQLite's in-process connection), to set the bound and restore it:
+//!
+//! | database | without `wait`: the connection's own bound, and at its end | with `wait`: the bound | a claim that waited out `wait` |
+//! |---|---|---|---|
+//! | PostgreSQL | `lock_timeout` (default: none); the transaction is aborted, to be rolled back | `lock_timeout`, set under a savepoint and restored | rolled back to the savepoint, the transaction goes on |
+//! | MySQL / MariaDB | `innodb_lock_wait_timeout` (default 50 s); InnoDB rolls back the statement alone | `innodb_lock_wait_timeout`, whole seconds (rounded up), restored | the statement alone is rolled back |
+//! | SQLite | the connection's `busy_timeout` (sqlx's default 5 s; a store's own pool 10 s) | `busy_timeout`, restored | the statement alone |
+//!
+//! Either way, a claim that waited out is [`Error::InProgress`]. A deadlock rolls back
+//! the whole transaction on PostgreSQL and MySQL, as it would for any statement.
 //!
 //! The isolation level is the caller's; PostgreSQL and MySQL must run the claim at READ
 //! COMMITTED or REPEATABLE READ (the defaults) and SQLite should claim before the
@@ -69,13 +76,14 @@ pub trait TransactionDatabase: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn default_table() -> Table;
 
-    /// The claim, its wait bounded by `wait`; `None` when the key stayed locked.
+    /// The claim, its wait bounded by `wait` (else by the connection's own bound);
+    /// `None` when the key stayed locked.
     #[doc(hidden)]
     fn claim_in(
         conn: &mut Self::Connection,
         table: &Table,
         claim: &Claim<'_>,
-        wait: Duration,
+        wait: Option<Duration>,
     ) -> impl Future<Output = Result<Option<ClaimOutcome>, StoreError>> + Send;
 
     /// A holder write.
@@ -121,7 +129,7 @@ pub struct InTransaction<'c, DB: TransactionDatabase> {
 }
 
 impl<DB: TransactionDatabase> TransactionStore for InTransaction<'_, DB> {
-    async fn claim(&mut self, claim: &Claim<'_>, wait: Duration) -> Result<Option<ClaimOutcome>, StoreError> {
+    async fn claim(&mut self, claim: &Claim<'_>, wait: Option<Duration>) -> Result<Option<ClaimOutcome>, StoreError> {
         DB::claim_in(self.conn, self.table, claim, wait).await
     }
 
@@ -231,9 +239,9 @@ pub type BodyFuture<'c, T, E> = std::pin::Pin<Box<dyn Future<Output = Result<T, 
 /// caller commits `tx`, and vanish together if it rolls back, crashes or drops it.
 ///
 /// A duplicate whose first call's transaction is still open waits for it in the
-/// database, up to the operation's `wait` (else [`DEFAULT_TRANSACTION_WAIT`]), then
-/// replays the committed result — or claims, if the first rolled back — or fails with
-/// [`Error::InProgress`]. An `Err` from the body is released or recorded `FAIL` (per
+/// database, up to the operation's `wait` (else as long as the connection lets any
+/// statement wait for a lock: see the [module](self) docs), then replays the committed
+/// result — or claims, if the first rolled back — or fails with [`Error::InProgress`]. An `Err` from the body is released or recorded `FAIL` (per
 /// `on_error`) in `tx` before it is returned. Any error from idem itself means `tx`
 /// should be rolled back.
 ///
@@ -257,8 +265,6 @@ pub type BodyFuture<'c, T, E> = std::pin::Pin<Box<dyn Future<Output = Result<T, 
 ///     // the caller commits `tx`: the writes and the SUCCESS record, or neither
 /// }
 /// ```
-///
-/// [`DEFAULT_TRANSACTION_WAIT`]: idem_runtime::DEFAULT_TRANSACTION_WAIT
 pub async fn execute_in<'t, DB, T, E, F>(
     op: &Idempotent,
     tx: &mut sqlx::Transaction<'t, DB>,
@@ -322,9 +328,14 @@ macro_rules! impl_transaction_database {
                 conn: &mut <$db as sqlx::Database>::Connection,
                 table: &crate::transaction::Table,
                 claim: &idem_runtime::Claim<'_>,
-                wait: std::time::Duration,
+                wait: Option<std::time::Duration>,
             ) -> Result<Option<idem_runtime::ClaimOutcome>, idem_runtime::StoreError> {
-                let restore = <$store>::lock_wait_begin(&mut *conn, wait).await?;
+                // Without `wait`, the claim waits as every statement of the connection
+                // does, and costs no statement besides its own.
+                let restore = match wait {
+                    Some(wait) => Some(<$store>::lock_wait_begin(&mut *conn, wait).await?),
+                    None => None,
+                };
                 let outcome = async {
                     for _ in 0..crate::claim::CLAIM_ATTEMPTS {
                         let stood = match <$store>::upsert_in(&mut *conn, table, claim).await? {
@@ -344,7 +355,9 @@ macro_rules! impl_transaction_database {
                 }
                 .await;
                 let locked = matches!(&outcome, Err(error) if crate::transaction::caused_by(error, <$store>::is_lock_wait));
-                <$store>::lock_wait_end(&mut *conn, restore, outcome.is_ok()).await?;
+                if let Some(restore) = restore {
+                    <$store>::lock_wait_end(&mut *conn, restore, outcome.is_ok()).await?;
+                }
                 match outcome {
                     Ok(outcome) => Ok(Some(outcome)),
                     Err(_) if locked => Ok(None),

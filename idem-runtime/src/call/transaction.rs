@@ -25,10 +25,6 @@ use crate::error::{Error, StoreError};
 use crate::executor::Idempotent;
 use crate::record::Status;
 
-/// How long a transactional call waits for another open transaction that holds its key,
-/// when the operation sets no `wait`.
-pub const DEFAULT_TRANSACTION_WAIT: Duration = Duration::from_secs(5);
-
 /// A store bound to one open transaction of the caller: every write goes into it.
 ///
 /// Implemented by the SQL stores' binding to `sqlx::Transaction`; what only an
@@ -39,13 +35,14 @@ pub const DEFAULT_TRANSACTION_WAIT: Duration = Duration::from_secs(5);
 /// [`IdempotencyStore::claim`]: crate::IdempotencyStore::claim
 pub trait TransactionStore: Send {
     /// Claim `(biz, key)` in the transaction. A record another open transaction holds
-    /// is waited for, at most `wait`; `Ok(None)` when it is still held then. A claim
-    /// that fails leaves the transaction as it was (a savepoint where the database
-    /// would otherwise abort it).
+    /// is waited for, at most `wait` — or, when `wait` is `None`, as long as the
+    /// database lets any statement of the connection wait for a lock; `Ok(None)` when
+    /// it is still held then. A claim bounded by `wait` that fails leaves the
+    /// transaction as it was (a savepoint where the database would otherwise abort it).
     fn claim(
         &mut self,
         claim: &Claim<'_>,
-        wait: Duration,
+        wait: Option<Duration>,
     ) -> impl Future<Output = Result<Option<ClaimOutcome>, StoreError>> + Send;
 
     /// Record `Succeeded` with `response`, as [`IdempotencyStore::complete`](crate::IdempotencyStore::complete).
@@ -103,7 +100,7 @@ impl Idempotent {
             .with_fingerprint(fingerprint)
             .with_request_body(self.request_body());
         let outcome = store
-            .claim(&claim, self.wait.unwrap_or(DEFAULT_TRANSACTION_WAIT))
+            .claim(&claim, self.wait)
             .await
             .map_err(|source| store_error(self, &key, "claim", source))?;
         let record = match outcome {
