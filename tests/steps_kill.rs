@@ -148,7 +148,16 @@ fn killed_between_steps(backend: &str) {
                 "key {k}: notified by the retry, not the killed worker: {}",
                 notices[0]
             );
-            let effect_key = |value: &str| value.rsplit(" as ").next().unwrap().rsplit_once(':').unwrap().0.to_owned();
+            let effect_key = |value: &str| {
+                value
+                    .rsplit(" as ")
+                    .next()
+                    .unwrap()
+                    .rsplit_once(':')
+                    .unwrap()
+                    .0
+                    .to_owned()
+            };
             assert_eq!(
                 effect_key(&charges[0]),
                 effect_key(&notices[0]),
