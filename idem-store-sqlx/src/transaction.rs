@@ -240,7 +240,8 @@ pub type BodyFuture<'c, T, E> = std::pin::Pin<Box<dyn Future<Output = Result<T, 
 ///
 /// A duplicate whose first call's transaction is still open waits for it in the
 /// database, up to the operation's `wait` (else as long as the connection lets any
-/// statement wait for a lock: see the [module](self) docs), then replays the committed
+/// statement wait for a lock: PostgreSQL's `lock_timeout`, InnoDB's
+/// `innodb_lock_wait_timeout`, SQLite's `busy_timeout`), then replays the committed
 /// result — or claims, if the first rolled back — or fails with [`Error::InProgress`]. An `Err` from the body is released or recorded `FAIL` (per
 /// `on_error`) in `tx` before it is returned. Any error from idem itself means `tx`
 /// should be rolled back.
