@@ -292,6 +292,7 @@
 //! [`sql::open`] picks one by URL. `sweeper` (default) adds
 //! [`Sweeper::continuously_purge`]; `cache` adds `CachedStore`, a bounded local tier
 //! that replays finished records without a round trip (the answer to hot keys).
+//! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum.
 //!
 //! # Dependencies, and why
 //!
@@ -302,7 +303,9 @@
 //! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
 //! fingerprints), `sqlx` (the database stores), `chrono` (sqlx's timestamp types),
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
-//! attribute) and `strsim` ("did you mean" hints for misspelt options).
+//! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
+//! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the
+//! header's structured-field syntax, `base64` for binary bodies in the record).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -350,6 +353,13 @@ pub mod __private {
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub use idem_store_sqlx::sqlx;
+
+/// The `Idempotency-Key` layer for tower and axum (feature `http`): `IdempotencyLayer`
+/// over any store, [`http::started`] for handlers, [`http::IdempotencyKeyExt`] for the
+/// requests a handler sends on. See the [`idem_http`] crate docs.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use idem_http as http;
 
 /// The database stores' helpers: a store picked by URL ([`sql::open`]), the default
 /// table name. The stores themselves are at the crate root.

@@ -32,23 +32,18 @@ async fn settle(
     Ok(token)
 }
 
-fn setting(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("worker without {name}"))
-}
-
 /// The holder process: settles two keys, then hangs in the body of a third.
 #[test]
 fn holder_worker() {
     let Some(_) = harness::worker_settings("crash") else {
         return;
     };
-    let (url, run, hang_ms) = (setting("CRASH_URL"), setting("CRASH_RUN"), setting("CRASH_HANG_MS"));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    let (url, run, hang_ms) = (
+        harness::setting("CRASH_URL"),
+        harness::setting("CRASH_RUN"),
+        harness::setting("CRASH_HANG_MS"),
+    );
+    harness::worker_runtime().block_on(async {
         let store = idem::sql::open(&url).await.unwrap();
         let effects = Effects::open(&url).await;
         for done in ["a", "b"] {
@@ -78,16 +73,8 @@ fn start_holder(url: &str, run: &str, hang: Duration) -> (Child, BufReader<std::
         ("CRASH_RUN", run.to_owned()),
         ("CRASH_HANG_MS", hang.as_millis().to_string()),
     ];
-    let mut child = harness::worker("crash", "holder_worker", &settings).spawn().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while out.read_line(&mut line).unwrap() > 0 {
-        if line.contains("BODY_STARTED") {
-            return (child, out);
-        }
-        line.clear();
-    }
-    panic!("the holder ended before its body started: {:?}", child.wait());
+    let (child, out, _) = harness::start_worker("crash", "holder_worker", &settings, "BODY_STARTED");
+    (child, out)
 }
 
 fn signal(child: &Child, name: &str) {

@@ -8,7 +8,6 @@
 mod conformance;
 mod harness;
 
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,10 +46,6 @@ async fn charge_and_notify(
     Ok(format!("{charge} | {notify}"))
 }
 
-fn setting(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("worker without {name}"))
-}
-
 /// The worker: finishes keys `0..hang_at` (replays, and the takeover of the key the
 /// worker before it was killed in), then hangs between the steps of key `hang_at`.
 #[test]
@@ -58,14 +53,9 @@ fn steps_worker() {
     let Some(_) = harness::worker_settings("steps") else {
         return;
     };
-    let (url, run, hang_at) = (setting("STEPS_URL"), setting("STEPS_RUN"), setting("STEPS_HANG_AT"));
-    let hang_at: usize = hang_at.parse().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    let (url, run) = (harness::setting("STEPS_URL"), harness::setting("STEPS_RUN"));
+    let hang_at: usize = harness::setting("STEPS_HANG_AT").parse().unwrap();
+    harness::worker_runtime().block_on(async {
         let store = idem::sql::open(&url).await.unwrap();
         let effects = Effects::open(&url).await;
         for k in 0..=hang_at {
@@ -88,19 +78,11 @@ fn kill_between_steps(url: &str, run: &str, hang_at: usize) -> u32 {
         ("STEPS_RUN", run.to_owned()),
         ("STEPS_HANG_AT", hang_at.to_string()),
     ];
-    let mut child = harness::worker("steps", "steps_worker", &settings).spawn().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while out.read_line(&mut line).unwrap() > 0 {
-        if line.contains("BETWEEN_STEPS") {
-            let pid = child.id();
-            child.kill().unwrap(); // SIGKILL
-            child.wait().unwrap();
-            return pid;
-        }
-        line.clear();
-    }
-    panic!("the worker ended before it was between steps: {:?}", child.wait());
+    let (mut child, _, _) = harness::start_worker("steps", "steps_worker", &settings, "BETWEEN_STEPS");
+    let pid = child.id();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    pid
 }
 
 fn killed_between_steps(backend: &str) {

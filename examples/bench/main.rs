@@ -5,12 +5,14 @@
 //! eval "$(.ci/start-databases)"                             # PostgreSQL and MariaDB too
 //! cargo run --release --example bench -- --calls 5000 --growth
 //! cargo run --release --example bench -- --transactional-only  # just that table
+//! cargo run --release --example bench -- --http-only           # just the HTTP layer's
 //! ```
 //!
 //! For each backend: the bare function, the hand-written floor (the same claim and
 //! record statements typed directly with sqlx on the same pool), idem's first execution
 //! and replay, replay through `CachedStore`; p50 and p99 of each. Then transactional
-//! mode against the same business transaction without idem. Then throughput of
+//! mode against the same business transaction without idem, and the `Idempotency-Key`
+//! layer against the same axum handler without it. Then throughput of
 //! distinct keys with 1, 8 and 64 tasks, a storm of 1,000 concurrent calls on one key,
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
@@ -491,6 +493,7 @@ async fn memory_per_record() -> (u64, usize) {
 }
 
 mod growth;
+mod http_layer;
 mod transactional;
 
 #[tokio::main]
@@ -508,6 +511,10 @@ async fn main() {
         transactional::report(&backends, calls).await;
         return;
     }
+    if args.iter().any(|a| a == "--http-only") {
+        http_layer::report(&backends, calls).await;
+        return;
+    }
     println!("| backend | what | p50 µs | p99 µs | first ÷ floor (p50) |");
     println!("|---|---|---|---|---|");
     for backend in &backends {
@@ -515,6 +522,7 @@ async fn main() {
     }
 
     transactional::report(&backends, calls).await;
+    http_layer::report(&backends, calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");
     println!("|---|---|---|---|");

@@ -32,34 +32,6 @@ fn business_sql(floor: &Floor) -> (&'static str, &'static str) {
     }
 }
 
-/// Idem around the business, on one database's pool.
-async fn with_idem<DB>(pool: &idem::sqlx::Pool<DB>, op: &Idempotent, insert: &'static str, calls: usize) -> Percentiles
-where
-    DB: TransactionDatabase,
-    for<'c> &'c mut DB::Connection: idem::sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: idem::sqlx::IntoArguments<'q, DB>,
-    for<'q> String: idem::sqlx::Encode<'q, DB> + idem::sqlx::Type<DB>,
-    for<'q> i64: idem::sqlx::Encode<'q, DB> + idem::sqlx::Type<DB>,
-{
-    let run = run_id();
-    sample(calls, |i| async move {
-        let key = format!("idem-{run}-{i}");
-        let mut tx = pool.begin().await.unwrap();
-        let charge = key.clone();
-        let cents = execute_in(op, &mut tx, key, |tx| {
-            Box::pin(async move {
-                business_insert::<DB>(tx, insert, &charge).await;
-                Ok::<_, idem::Error>(19_900u64)
-            })
-        })
-        .await
-        .unwrap();
-        std::hint::black_box(cents);
-        tx.commit().await.unwrap();
-    })
-    .await
-}
-
 /// The business alone, idem around it without `wait` and with it, on one database's pool.
 async fn business_and_idem<DB>(
     pool: &idem::sqlx::Pool<DB>,
@@ -81,11 +53,30 @@ where
         tx.commit().await.unwrap();
     })
     .await;
-    [
-        alone,
-        with_idem(pool, ops[0], insert, calls).await,
-        with_idem(pool, ops[1], insert, calls).await,
-    ]
+    let mut with_idem = Vec::new();
+    for op in ops {
+        let run = run_id();
+        with_idem.push(
+            sample(calls, |i| async move {
+                let key = format!("idem-{run}-{i}");
+                let charge = key.clone();
+                let mut tx = pool.begin().await.unwrap();
+                let cents = execute_in(op, &mut tx, key, |tx| {
+                    Box::pin(async move {
+                        business_insert::<DB>(tx, insert, &charge).await;
+                        Ok::<_, idem::Error>(19_900u64)
+                    })
+                })
+                .await
+                .unwrap();
+                std::hint::black_box(cents);
+                tx.commit().await.unwrap();
+            })
+            .await,
+        );
+    }
+    let [unbounded, bounded] = <[Percentiles; 2]>::try_from(with_idem).ok().unwrap();
+    [alone, unbounded, bounded]
 }
 
 /// The rows of one database.

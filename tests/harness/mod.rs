@@ -137,6 +137,45 @@ pub fn worker(role: &str, test: &str, settings: &[(&str, String)]) -> Command {
     command
 }
 
+/// Start a worker of `role` running `test`, and read what it says until a line holds
+/// `marker`: the worker, the rest of what it will say, and that line.
+pub fn start_worker(
+    role: &str,
+    test: &str,
+    settings: &[(&str, String)],
+    marker: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+) {
+    use std::io::BufRead;
+    let mut child = worker(role, test, settings).spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 {
+        if line.contains(marker) {
+            return (child, out, line);
+        }
+        line.clear();
+    }
+    panic!("the {role} worker ended before saying {marker}: {:?}", child.wait());
+}
+
+/// A setting the coordinator passed to this worker.
+pub fn setting(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("worker without {name}"))
+}
+
+/// The runtime a worker process runs on.
+pub fn worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Milliseconds since the epoch, for start barriers shared by processes.
 pub fn epoch_millis() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64

@@ -1,0 +1,102 @@
+//! The layer's own answers, as RFC 9457 `application/problem+json` documents.
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use serde::Serialize;
+
+/// What the layer answers itself, without (or instead of) the handler's response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// 400: the route needs an `Idempotency-Key` and the request has none.
+    KeyMissing,
+    /// 400: the header is not one sf-string or token of at most 255 bytes.
+    KeyMalformed,
+    /// 422: the key was first used with another request body (or method, or route).
+    KeyReused,
+    /// 409: the first request with this key is still running; `Retry-After` says when
+    /// to try again.
+    InProgress,
+    /// 413: the request body is larger than the layer buffers.
+    BodyTooLarge,
+    /// 400: the request body could not be read.
+    BodyUnreadable,
+    /// 503: the idempotency store failed before the handler ran; nothing was executed.
+    StoreUnavailable,
+    /// 500: the handler ran, and its outcome could not be recorded or its body read.
+    NotRecorded,
+    /// 500: the operation cannot run (an invalid option, no store installed, …).
+    Misconfigured,
+}
+
+impl Problem {
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::InProgress => StatusCode::CONFLICT,
+            Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::NotRecorded | Problem::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The problem type, a URI a client can match on.
+    pub fn type_uri(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "urn:idem:problem:idempotency-key-missing",
+            Problem::KeyMalformed => "urn:idem:problem:idempotency-key-malformed",
+            Problem::KeyReused => "urn:idem:problem:idempotency-key-reused",
+            Problem::InProgress => "urn:idem:problem:request-in-progress",
+            Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
+            Problem::BodyUnreadable => "urn:idem:problem:body-unreadable",
+            Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
+            Problem::NotRecorded => "urn:idem:problem:not-recorded",
+            Problem::Misconfigured => "urn:idem:problem:misconfigured",
+        }
+    }
+
+    /// The short, fixed title.
+    pub fn title(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "Idempotency-Key is missing",
+            Problem::KeyMalformed => "Idempotency-Key is malformed",
+            Problem::KeyReused => "Idempotency-Key is already used for another request",
+            Problem::InProgress => "A request with this Idempotency-Key is being processed",
+            Problem::BodyTooLarge => "Request body is too large",
+            Problem::BodyUnreadable => "Request body could not be read",
+            Problem::StoreUnavailable => "Idempotency store is unavailable",
+            Problem::NotRecorded => "The response could not be recorded",
+            Problem::Misconfigured => "The idempotent operation is misconfigured",
+        }
+    }
+
+    /// The problem document, with `detail` saying what was wrong in this request.
+    pub(crate) fn response<B: From<Bytes>>(self, detail: String, retry_after_secs: u64) -> Response<B> {
+        #[derive(Serialize)]
+        struct Document<'a> {
+            #[serde(rename = "type")]
+            type_uri: &'a str,
+            title: &'a str,
+            status: u16,
+            detail: &'a str,
+        }
+        let document = Document {
+            type_uri: self.type_uri(),
+            title: self.title(),
+            status: self.status().as_u16(),
+            detail: &detail,
+        };
+        let body = serde_json::to_vec(&document).unwrap_or_default();
+        let mut response = Response::new(B::from(Bytes::from(body)));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if self == Problem::InProgress {
+            headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        }
+        response
+    }
+}

@@ -1,0 +1,590 @@
+//! The `Idempotency-Key` layer over a real socket on 127.0.0.1, with a real HTTP client,
+//! on a SQLite file and PostgreSQL: every case of the draft and of Stripe's behaviour,
+//! a storm of identical requests, and a server killed mid-request then restarted.
+
+mod conformance;
+mod harness;
+
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use harness::{AppError, Effects};
+use idem::http::IdempotencyLayer;
+use idem::{idempotent, IdempotencyStore, Idempotent};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+type Store = Arc<dyn IdempotencyStore>;
+
+/// The service behind the layer: a fake bank whose charges are rows in the database,
+/// so a killed server's charges are counted too.
+struct Shop {
+    store: Store,
+    effects: Effects,
+    run: String,
+    bank_delay: Duration,
+    /// Handler runs, this process.
+    runs: AtomicU32,
+}
+
+#[derive(Deserialize)]
+struct Payment {
+    user: String,
+    cents: i64,
+}
+
+/// Validation before the handler: a JSON payment with positive cents, else 400.
+struct Valid(Payment);
+
+impl<S: Send + Sync> FromRequest<S> for Valid {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let Json(payment) = Json::<Payment>::from_request(request, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        if payment.cents <= 0 {
+            return Err((StatusCode::BAD_REQUEST, "cents must be positive").into_response());
+        }
+        Ok(Valid(payment))
+    }
+}
+
+static NEXT_CHARGE: AtomicU64 = AtomicU64::new(1);
+
+/// Below the handler, keyed by the request's own call: not a duplicate of it.
+#[idempotent(key = idem::context().map(|c| c.key().to_owned()).unwrap_or_default(), biz = "http.receipt", store = store)]
+async fn send_receipt(store: &Store, effects: &Effects, run: &str, charge: &str) -> Result<String, AppError> {
+    effects.record(run, &format!("receipt {charge}"), charge).await?;
+    Ok(format!("receipt for {charge}"))
+}
+
+async fn pay(State(shop): State<Arc<Shop>>, Valid(payment): Valid) -> Response {
+    idem::http::started();
+    shop.runs.fetch_add(1, Ordering::SeqCst);
+    if std::env::var_os("HTTP_URL").is_some() {
+        harness::report("CHARGING"); // to the test that kills this server process
+    }
+    if payment.cents > 1_000_000 {
+        let declined = json!({"type": "urn:shop:card-declined", "title": "card declined", "status": 402});
+        return (StatusCode::PAYMENT_REQUIRED, Json(declined)).into_response();
+    }
+    tokio::time::sleep(shop.bank_delay).await;
+    let charge = format!(
+        "ch-{}-{}",
+        std::process::id(),
+        NEXT_CHARGE.fetch_add(1, Ordering::SeqCst)
+    );
+    if let Err(error) = shop.effects.record(&shop.run, &payment.user, &charge).await {
+        return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+    }
+    let receipt = send_receipt(&shop.store, &shop.effects, &shop.run, &charge)
+        .await
+        .unwrap();
+    let bank_key = idem::http::outgoing_key("bank").unwrap();
+    let body = json!({
+        "charge_id": charge,
+        "cents": payment.cents,
+        "receipt": receipt,
+        "bank_key": bank_key.to_str().unwrap(),
+    });
+    let headers = [
+        (header::LOCATION, format!("/payments/{charge}")),
+        (
+            header::HeaderName::from_static("x-served-by"),
+            std::process::id().to_string(),
+        ),
+        (header::HeaderName::from_static("x-trace"), charge.clone()),
+    ];
+    (StatusCode::CREATED, headers, Json(body)).into_response()
+}
+
+async fn explode(State(shop): State<Arc<Shop>>) -> StatusCode {
+    idem::http::started();
+    shop.runs.fetch_add(1, Ordering::SeqCst);
+    StatusCode::INTERNAL_SERVER_ERROR
+}
+
+async fn charges(State(shop): State<Arc<Shop>>) -> Json<Value> {
+    let count: usize = shop.effects.tokens(&shop.run).await.values().map(Vec::len).sum();
+    Json(json!({ "count": count }))
+}
+
+/// Outside the idempotency layer, as authentication would be: no tenant, 401.
+async fn authenticate(request: Request, next: axum::middleware::Next) -> Response {
+    if request.headers().contains_key("x-tenant") {
+        next.run(request).await
+    } else {
+        StatusCode::UNAUTHORIZED.into_response()
+    }
+}
+
+fn app(shop: Arc<Shop>, layer: IdempotencyLayer) -> Router {
+    Router::new()
+        .route("/payments", post(pay))
+        .route("/explode", post(explode))
+        .route("/bank/charges", get(charges))
+        .route_layer(layer)
+        .layer(axum::middleware::from_fn(authenticate))
+        .with_state(shop)
+}
+
+/// The layer as the tests configure it, over `store`.
+fn layer(op: Idempotent, store: &Store) -> IdempotencyLayer {
+    IdempotencyLayer::new(op.store(store.clone()))
+        .tenant(|request| Some(request.headers.get("x-tenant")?.to_str().ok()?.to_owned()))
+        .replay_header(header::LOCATION)
+        .body_limit(4096)
+}
+
+/// A server on 127.0.0.1 and a client for it.
+struct Server {
+    base: String,
+    client: reqwest::Client,
+    shop: Arc<Shop>,
+}
+
+impl Server {
+    async fn start(url: &str, run: &str, op: Idempotent, bank_delay: Duration) -> Self {
+        Self::start_with(url, run, bank_delay, |store| layer(op, store)).await
+    }
+
+    async fn start_with(
+        url: &str,
+        run: &str,
+        bank_delay: Duration,
+        layer: impl FnOnce(&Store) -> IdempotencyLayer,
+    ) -> Self {
+        let store = idem::sql::open(url).await.unwrap();
+        let shop = Arc::new(Shop {
+            store: store.clone(),
+            effects: Effects::open(url).await,
+            run: run.to_owned(),
+            bank_delay,
+            runs: AtomicU32::new(0),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let router = app(shop.clone(), layer(&store));
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        Server {
+            base,
+            client: reqwest::Client::new(),
+            shop,
+        }
+    }
+
+    fn pay(&self, tenant: &str, key: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(format!("{}/payments", self.base))
+            .header("x-tenant", tenant)
+            .json(body);
+        if let Some(key) = key {
+            request = request.header("idempotency-key", format!("\"{key}\""));
+        }
+        request
+    }
+
+    async fn bank_charges(&self) -> u64 {
+        let body: Value = self
+            .client
+            .get(format!("{}/bank/charges", self.base))
+            .header("x-tenant", "t")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["count"].as_u64().unwrap()
+    }
+
+    fn runs(&self) -> u32 {
+        self.shop.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// A response, read whole.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    async fn of(request: reqwest::RequestBuilder) -> Self {
+        let response = request.send().await.unwrap();
+        Answer {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// A problem document of `status` whose detail mentions `mentions`.
+    fn assert_problem(&self, status: u16, mentions: &str) {
+        assert_eq!(self.status, status, "{}", self.body);
+        assert_eq!(self.header("content-type"), Some("application/problem+json"));
+        let problem = self.json();
+        assert_eq!(problem["status"], status);
+        assert!(
+            problem["type"].as_str().unwrap().starts_with("urn:idem:problem:"),
+            "{problem}"
+        );
+        assert!(
+            problem["detail"].as_str().unwrap().contains(mentions),
+            "{problem} does not mention {mentions}"
+        );
+    }
+}
+
+fn payment(cents: i64) -> Value {
+    json!({"user": "ada", "cents": cents})
+}
+
+macro_rules! http_suite {
+    ($backend:literal) => {
+        use super::*;
+
+        async fn server(op: Idempotent, bank_delay: Duration) -> Option<(Server, String)> {
+            let url = harness::backend_url($backend, "http")?;
+            let run = conformance::unique("http");
+            Some((Server::start(&url, &run, op, bank_delay).await, run))
+        }
+
+        fn op() -> Idempotent {
+            Idempotent::new("http.pay")
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_missing_malformed_or_long_key_is_400() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            Answer::of(server.pay("acme", None, &payment(100)))
+                .await
+                .assert_problem(400, "idempotency-key");
+            for bad in ["\"unterminated", "(\"a\")", "12", &format!("\"{}\"", "k".repeat(256))] {
+                let request = server
+                    .client
+                    .post(format!("{}/payments", server.base))
+                    .header("x-tenant", "acme")
+                    .header("idempotency-key", bad)
+                    .json(&payment(100));
+                Answer::of(request).await.assert_problem(400, "idempotency-key");
+            }
+            assert_eq!((server.runs(), server.bank_charges().await), (0, 0));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_retry_replays_the_first_response() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            let first = Answer::of(server.pay("acme", Some(&key), &payment(1990))).await;
+            assert_eq!(first.status, 201, "{}", first.body);
+            assert_eq!(first.header("idempotent-replayed"), None);
+            let retry = Answer::of(server.pay("acme", Some(&key), &payment(1990))).await;
+            assert_eq!(retry.status, 201);
+            assert_eq!(retry.body, first.body, "the body bytes of the first response");
+            assert_eq!(retry.header("content-type"), Some("application/json"));
+            assert_eq!(retry.header("location"), first.header("location"));
+            assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+            assert_eq!(retry.header("x-trace"), None, "a header not marked replayable");
+            assert_eq!((server.runs(), server.bank_charges().await), (1, 2), "one charge, one receipt");
+            // The key travelled: into the nested call (its receipt) and to the bank.
+            let receipt = first.json();
+            assert!(receipt["receipt"].as_str().unwrap().starts_with("receipt for ch-"));
+            let bank_key = receipt["bank_key"].as_str().unwrap();
+            assert!(
+                bank_key.starts_with(&format!("\"http.pay:POST /payments 4:acme {key}:")) && bank_key.ends_with(":bank\""),
+                "{bank_key}"
+            );
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn another_body_with_the_same_key_is_422() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
+            Answer::of(server.pay("acme", Some(&key), &payment(200)))
+                .await
+                .assert_problem(422, "different payload");
+            assert_eq!(server.runs(), 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_duplicate_of_a_running_request_is_409_or_waits() {
+            for wait in [false, true] {
+                let op = if wait { op().wait(Duration::from_secs(10)) } else { op() };
+                let Some((server, _)) = server(op, Duration::from_millis(600)).await else { return };
+                let server = Arc::new(server);
+                let key = conformance::unique("k");
+                let first = tokio::spawn({
+                    let (server, key) = (server.clone(), key.clone());
+                    async move { Answer::of(server.pay("acme", Some(&key), &payment(100))).await }
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let duplicate = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+                let first = first.await.unwrap();
+                assert_eq!(first.status, 201);
+                if wait {
+                    assert_eq!((duplicate.status, &duplicate.body), (201, &first.body));
+                    assert_eq!(duplicate.header("idempotent-replayed"), Some("true"));
+                } else {
+                    duplicate.assert_problem(409, "still being processed");
+                    assert_eq!(duplicate.header("retry-after"), Some("1"));
+                }
+                assert_eq!(server.runs(), 1, "wait = {wait}");
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_4xx_from_the_handler_is_recorded_and_replayed() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            let declined = Answer::of(server.pay("acme", Some(&key), &payment(5_000_000))).await;
+            assert_eq!(declined.status, 402);
+            let again = Answer::of(server.pay("acme", Some(&key), &payment(5_000_000))).await;
+            assert_eq!((again.status, &again.body), (402, &declined.body));
+            assert_eq!(again.header("idempotent-replayed"), Some("true"));
+            assert_eq!((server.runs(), server.bank_charges().await), (1, 0));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_4xx_before_the_handler_leaves_no_record() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            // Validation (an extractor) refuses: not recorded, so the corrected retry runs.
+            let refused = Answer::of(server.pay("acme", Some(&key), &payment(-5))).await;
+            assert_eq!((refused.status, refused.body.as_str()), (400, "cents must be positive"));
+            let corrected = Answer::of(server.pay("acme", Some(&key), &payment(500))).await;
+            assert_eq!(corrected.status, 201, "{}", corrected.body);
+            // An outer layer (authentication) refuses: the request never reached idem.
+            let other = conformance::unique("k");
+            let anonymous = server
+                .client
+                .post(format!("{}/payments", server.base))
+                .header("idempotency-key", format!("\"{other}\""))
+                .json(&payment(500));
+            assert_eq!(Answer::of(anonymous).await.status, 401);
+            assert_eq!(Answer::of(server.pay("acme", Some(&other), &payment(500))).await.status, 201);
+            assert_eq!(server.runs(), 2);
+            let record = server
+                .shop
+                .store
+                .get("http.pay", &format!("POST /payments 4:acme {other}"))
+                .await
+                .unwrap();
+            assert!(record.is_some(), "the record is kept under the scoped key");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_5xx_is_not_recorded_unless_asked() {
+            for record in [false, true] {
+                let url = harness::backend_url($backend, "http").unwrap();
+                let run = conformance::unique("http");
+                let server = Server::start_with(&url, &run, Duration::ZERO, |store| {
+                    layer(op(), store).record_server_errors(record)
+                })
+                .await;
+                let key = conformance::unique("k");
+                let explode = || {
+                    server
+                        .client
+                        .post(format!("{}/explode", server.base))
+                        .header("x-tenant", "acme")
+                        .header("idempotency-key", format!("\"{key}\""))
+                };
+                assert_eq!(Answer::of(explode()).await.status, 500);
+                let again = Answer::of(explode()).await;
+                assert_eq!(again.status, 500);
+                let replayed = again.header("idempotent-replayed").is_some();
+                assert_eq!((server.runs(), replayed), (if record { 1 } else { 2 }, record));
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn idempotent_methods_pass_through() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            // GET without a key: untouched (no 400), twice.
+            assert_eq!(server.bank_charges().await, 0);
+            assert_eq!(server.bank_charges().await, 0);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn after_the_ttl_the_key_starts_a_new_life() {
+            let Some((server, _)) = server(op().ttl(Duration::from_secs(1)), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            let first = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+            tokio::time::sleep(Duration::from_millis(1300)).await;
+            let later = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+            assert_eq!((first.status, later.status), (201, 201));
+            assert_eq!(later.header("idempotent-replayed"), None);
+            assert_ne!(first.json()["charge_id"], later.json()["charge_id"]);
+            assert_eq!(server.runs(), 2);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_body_above_the_limit_is_413() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            let big = json!({"user": "x".repeat(5000), "cents": 1});
+            Answer::of(server.pay("acme", Some(&key), &big))
+                .await
+                .assert_problem(413, "4096 bytes");
+            assert_eq!(server.runs(), 0);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn tenants_never_share_a_response() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            let acme = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+            let globex = Answer::of(server.pay("globex", Some(&key), &payment(100))).await;
+            assert_eq!((acme.status, globex.status), (201, 201));
+            assert_eq!(globex.header("idempotent-replayed"), None);
+            assert_ne!(acme.json()["charge_id"], globex.json()["charge_id"]);
+            let again = Answer::of(server.pay("globex", Some(&key), &payment(100))).await;
+            assert_eq!(again.body, globex.body);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_storm_of_identical_requests_charges_once() {
+            let Some((server, _)) = server(op(), Duration::from_millis(300)).await else { return };
+            let server = Arc::new(server);
+            let key = conformance::unique("k");
+            let requests = (0..40).map(|_| {
+                let (server, key) = (server.clone(), key.clone());
+                tokio::spawn(async move { Answer::of(server.pay("acme", Some(&key), &payment(700))).await })
+            });
+            let answers: Vec<Answer> = futures::future::join_all(requests)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let created: Vec<&Answer> = answers.iter().filter(|a| a.status == 201).collect();
+            assert!(!created.is_empty());
+            assert!(created.iter().all(|a| a.body == created[0].body), "every 201 is the same charge");
+            assert!(answers.iter().all(|a| a.status == 201 || a.status == 409));
+            let last = Answer::of(server.pay("acme", Some(&key), &payment(700))).await;
+            assert_eq!(last.body, created[0].body);
+            assert_eq!((server.runs(), server.bank_charges().await), (1, 2), "one charge and its receipt");
+            harness::say(&format!(
+                "http storm on {}: 40 identical requests, {} got the charge, {} got 409, 1 charge",
+                $backend,
+                created.len(),
+                answers.len() - created.len()
+            ));
+        }
+
+        #[test]
+        fn a_server_killed_mid_request_charges_once_after_restart() {
+            killed_mid_request($backend);
+        }
+    };
+}
+
+mod sqlite {
+    http_suite!("sqlite");
+}
+
+mod postgres {
+    http_suite!("postgres");
+}
+
+/// The server process: serves until killed, with a 1 s lease.
+#[test]
+fn server_worker() {
+    let Some(settings) = harness::worker_settings("http") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let delay = Duration::from_millis(settings["HTTP_BANK_DELAY_MS"].parse().unwrap());
+        let op = Idempotent::new("http.pay").lease(Duration::from_secs(1));
+        let server = Server::start(&settings["HTTP_URL"], &settings["HTTP_RUN"], op, delay).await;
+        harness::report(&format!("LISTENING {}", server.base));
+        std::future::pending::<()>().await;
+    });
+}
+
+/// Start a server process; its base URL and a reader of what it says.
+fn start_server(
+    url: &str,
+    run: &str,
+    bank_delay_ms: u64,
+) -> (std::process::Child, String, BufReader<std::process::ChildStdout>) {
+    let settings = [
+        ("HTTP_URL", url.to_owned()),
+        ("HTTP_RUN", run.to_owned()),
+        ("HTTP_BANK_DELAY_MS", bank_delay_ms.to_string()),
+    ];
+    let (child, out, line) = harness::start_worker("http", "server_worker", &settings, "LISTENING ");
+    let base = line.trim().strip_prefix("LISTENING ").unwrap().to_owned();
+    (child, base, out)
+}
+
+fn killed_mid_request(backend: &str) {
+    let Some(url) = harness::backend_url(backend, "http-kill") else {
+        return;
+    };
+    let run = conformance::unique("http-kill");
+    let key = conformance::unique("k");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = reqwest::Client::new();
+    let pay = |base: &str| {
+        client
+            .post(format!("{base}/payments"))
+            .header("x-tenant", "acme")
+            .header("idempotency-key", format!("\"{key}\""))
+            .json(&payment(4200))
+    };
+
+    // The first server is killed while its handler waits on the bank.
+    let (mut first, base, mut out) = start_server(&url, &run, 60_000);
+    let request = runtime.spawn(pay(&base).send());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 && !line.contains("CHARGING") {
+        line.clear();
+    }
+    first.kill().unwrap(); // SIGKILL
+    first.wait().unwrap();
+    assert!(
+        runtime.block_on(request).unwrap().is_err(),
+        "the client saw the connection die"
+    );
+
+    let (mut second, base, _) = start_server(&url, &run, 0);
+    runtime.block_on(async {
+        // Within the dead holder's 1 s lease: still running, as far as anyone knows.
+        let early = Answer::of(pay(&base)).await;
+        assert!(matches!(early.status, 409 | 201), "{}", early.body);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let retry = Answer::of(pay(&base)).await;
+        assert_eq!(retry.status, 201, "{}", retry.body);
+        let again = Answer::of(pay(&base)).await;
+        assert_eq!((again.status, &again.body), (201, &retry.body));
+        let effects = Effects::open(&url).await;
+        let rows = effects.tokens(&run).await;
+        assert_eq!(rows["ada"].len(), 1, "charged once across the kill: {rows:?}");
+    });
+    second.kill().unwrap();
+    second.wait().unwrap();
+    harness::say(&format!(
+        "http kill on {backend}: server SIGKILLed mid-request, restarted; the retry after the 1 s lease charged once"
+    ));
+}
