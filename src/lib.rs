@@ -292,7 +292,8 @@
 //! [`sql::open`] picks one by URL. `sweeper` (default) adds
 //! [`Sweeper::continuously_purge`]; `cache` adds `CachedStore`, a bounded local tier
 //! that replays finished records without a round trip (the answer to hot keys).
-//! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum.
+//! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum, and
+//! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder`.
 //!
 //! # Dependencies, and why
 //!

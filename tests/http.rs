@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use harness::{AppError, Effects};
-use idem::http::IdempotencyLayer;
+use idem::http::{IdempotencyKeyExt, IdempotencyLayer};
 use idem::{idempotent, IdempotencyStore, Idempotent};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -88,7 +88,14 @@ async fn pay(State(shop): State<Arc<Shop>>, Valid(payment): Valid) -> Response {
     let receipt = send_receipt(&shop.store, &shop.effects, &shop.run, &charge)
         .await
         .unwrap();
-    let bank_key = idem::http::outgoing_key("bank").unwrap();
+    // The key the bank would see: derived from this call, the same on every retry of it.
+    let to_bank = reqwest::Client::new()
+        .post("http://bank.invalid/charges")
+        .idempotency_key("bank")
+        .unwrap()
+        .build()
+        .unwrap();
+    let bank_key = to_bank.headers()["idempotency-key"].clone();
     let body = json!({
         "charge_id": charge,
         "cents": payment.cents,
