@@ -404,8 +404,10 @@ macro_rules! http_suite {
             for record in [false, true] {
                 let url = harness::backend_url($backend, "http").unwrap();
                 let run = conformance::unique("http");
-                let server = Server::start_with(&url, &run, Duration::ZERO, |store| {
-                    layer(op(), store).record_server_errors(record)
+                // The default (not recorded), and the option turned on.
+                let server = Server::start_with(&url, &run, Duration::ZERO, |store| match record {
+                    false => layer(op(), store),
+                    true => layer(op(), store).record_server_errors(true),
                 })
                 .await;
                 let key = conformance::unique("k");

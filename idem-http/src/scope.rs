@@ -14,6 +14,10 @@ use idem_runtime::MAX_KEY_BYTES;
 pub(crate) struct Scope {
     pub(crate) method: String,
     pub(crate) route: String,
+    /// The request's path and query: `/orders/7?notify=1` under the route
+    /// `/orders/{id}`. Fingerprinted, not scoped by: the same key on another order is
+    /// a key reused for another request.
+    pub(crate) target: String,
     pub(crate) tenant: String,
     pub(crate) key: String,
     /// SHA-256 of the body bytes, hex.
@@ -21,10 +25,11 @@ pub(crate) struct Scope {
 }
 
 impl Scope {
-    pub(crate) fn new(method: &str, route: &str, tenant: String, key: String, body: &[u8]) -> Self {
+    pub(crate) fn new(method: &str, route: &str, target: &str, tenant: String, key: String, body: &[u8]) -> Self {
         Scope {
             method: method.to_owned(),
             route: route.to_owned(),
+            target: target.to_owned(),
             tenant,
             key,
             body_sha256: hex(&Sha256::digest(body)),
@@ -61,8 +66,9 @@ mod tests {
 
     #[test]
     fn keys_are_scoped_and_unambiguous() {
-        let key =
-            |tenant: &str, key: &str| Scope::new("POST", "/payments", tenant.into(), key.into(), b"{}").record_key();
+        let key = |tenant: &str, key: &str| {
+            Scope::new("POST", "/payments", "/payments", tenant.into(), key.into(), b"{}").record_key()
+        };
         assert_eq!(key("acme", "order-7"), "POST /payments 4:acme order-7");
         assert_ne!(key("a b", "c"), key("a", "b c"));
         assert_ne!(key("acme", "k"), key("globex", "k"));

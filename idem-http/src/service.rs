@@ -130,7 +130,8 @@ where
         .as_ref()
         .and_then(|tenant| tenant(&parts))
         .unwrap_or_default();
-    let scope = Scope::new(parts.method.as_str(), &route_of(&parts), tenant, key, &body);
+    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, &body);
     let op = settings.op.clone().payload(&scope);
     let request = Request::from_parts(parts, B::from(body));
 
