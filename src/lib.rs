@@ -292,6 +292,7 @@
 //! [`sql::open`] picks one by URL. `sweeper` (default) adds
 //! [`Sweeper::continuously_purge`]; `cache` adds `CachedStore`, a bounded local tier
 //! that replays finished records without a round trip (the answer to hot keys).
+//! `redis` adds `RedisStore` (one Redis server or a Redis Cluster).
 //! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum, and
 //! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder`.
 //!
@@ -302,7 +303,7 @@
 //! `serde-content` (serde's data model as a value: the replay check and the payload
 //! fingerprint compare through it), `thiserror` (the error enum), `tracing` (lease-lost
 //! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
-//! fingerprints), `sqlx` (the database stores), `chrono` (sqlx's timestamp types),
+//! fingerprints), `sqlx` (the database stores), `redis` (the Redis store), `chrono` (sqlx's timestamp types),
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
 //! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the
@@ -311,6 +312,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use idem_macros::idempotent;
+pub use idem_runtime::token;
 pub use idem_runtime::{
     context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,
     Mode, OnError, Record, Status, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
@@ -354,6 +356,18 @@ pub mod __private {
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub use idem_store_sqlx::sqlx;
+
+/// Records in Redis or a Redis Cluster (feature `redis`): see the
+/// [`idem_store_redis`] crate docs for the layout and what a claim on Redis survives.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use idem_store_redis::RedisStore;
+
+/// The `redis` crate the Redis store is built on (feature `redis`), to name the same
+/// version.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use idem_store_redis::redis;
 
 /// The `Idempotency-Key` layer for tower and axum (feature `http`): `IdempotencyLayer`
 /// over any store, [`http::started`] for handlers, [`http::IdempotencyKeyExt`] for the

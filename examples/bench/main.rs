@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- --calls 5000 --growth
 //! cargo run --release --example bench -- --transactional-only  # just that table
 //! cargo run --release --example bench -- --http-only           # just the HTTP layer's
+//! cargo run --release --example bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
 //!
 //! For each backend: the bare function, the hand-written floor (the same claim and
@@ -78,6 +79,19 @@ struct Backend {
     name: &'static str,
     store: Arc<dyn IdempotencyStore>,
     floor: Option<Floor>,
+    /// Redis's floor: its two scripts by hand.
+    redis_floor: Option<redis_floor::RedisFloor>,
+}
+
+impl Backend {
+    /// The floor's claim and record of `key`, on a backend that has one.
+    async fn by_hand(&self, key: &str) {
+        match (&self.floor, &self.redis_floor) {
+            (Some(floor), _) => floor.claim_and_record(key).await,
+            (None, Some(floor)) => floor.claim_and_record(key).await,
+            (None, None) => unreachable!("a backend without a floor"),
+        }
+    }
 }
 
 /// The floor: the very statements idem runs on the hot path (its claim and its
@@ -290,6 +304,7 @@ async fn backends() -> Vec<Backend> {
         name: "memory",
         store: Arc::new(MemoryStore::new()),
         floor: None,
+        redis_floor: None,
     }];
     let path = std::env::temp_dir().join(format!("idem-bench-{}.db", std::process::id()));
     let sqlite = idem::SqliteStore::connect(&format!("sqlite://{}", path.display()))
@@ -301,6 +316,7 @@ async fn backends() -> Vec<Backend> {
         name: "SQLite file",
         store: Arc::new(sqlite),
         floor: Some(floor),
+        redis_floor: None,
     });
     if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
         let store = idem::PostgresStore::connect(&url).await.unwrap();
@@ -310,6 +326,7 @@ async fn backends() -> Vec<Backend> {
             name: "PostgreSQL",
             store: Arc::new(store),
             floor: Some(floor),
+            redis_floor: None,
         });
     }
     if let Ok(url) = std::env::var("IDEM_TEST_MYSQL_URL") {
@@ -320,6 +337,16 @@ async fn backends() -> Vec<Backend> {
             name: "MariaDB",
             store: Arc::new(store),
             floor: Some(floor),
+            redis_floor: None,
+        });
+    }
+    if let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") {
+        let store = idem::RedisStore::connect(&url).await.unwrap();
+        backends.push(Backend {
+            name: "Redis",
+            store: Arc::new(store.clone()),
+            floor: None,
+            redis_floor: Some(redis_floor::RedisFloor::connect(&url, store).await),
         });
     }
     backends
@@ -365,15 +392,10 @@ async fn latency(backend: &Backend, calls: usize) {
         }
     })
     .await;
-    let floor = match &backend.floor {
-        Some(floor) => Some(
-            sample(
-                calls,
-                |i| async move { floor.claim_and_record(&format!("{run}-{i}")).await },
-            )
-            .await,
-        ),
-        None => None,
+    let floor = if backend.floor.is_some() || backend.redis_floor.is_some() {
+        Some(sample(calls, |i| async move { backend.by_hand(&format!("{run}-{i}")).await }).await)
+    } else {
+        None
     };
     let row = |what: &str, p: &Percentiles, against: Option<&Percentiles>| {
         let ratio = against.map_or(String::from("—"), |base| {
@@ -494,6 +516,7 @@ async fn memory_per_record() -> (u64, usize) {
 
 mod growth;
 mod http_layer;
+mod redis_floor;
 mod transactional;
 
 #[tokio::main]
@@ -505,6 +528,11 @@ async fn main() {
         .and_then(|at| args.get(at + 1))
         .and_then(|n| n.parse().ok())
         .unwrap_or(2000usize);
+    if args.iter().any(|a| a == "--powertools-side") {
+        let url = std::env::var("IDEM_TEST_REDIS_URL").expect("IDEM_TEST_REDIS_URL: the Redis to measure on");
+        redis_floor::powertools_side(&url, calls).await;
+        return;
+    }
     let backends = backends().await;
     println!("idem bench: {calls} calls a row, one run, release build; µs per call\n");
     if args.iter().any(|a| a == "--transactional-only") {

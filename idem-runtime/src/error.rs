@@ -47,6 +47,18 @@ pub enum Error {
         /// What is wrong with its value.
         reason: String,
     },
+    /// A form token was consumed before: this submission is a duplicate.
+    #[error("token for biz `{biz}` was already used: this submission is a duplicate")]
+    TokenSpent {
+        /// Business namespace the token was issued for.
+        biz: String,
+    },
+    /// A form token this store never issued for `biz`, or whose time ran out.
+    #[error("token for biz `{biz}` is unknown or expired")]
+    TokenUnknown {
+        /// Business namespace the token was presented for.
+        biz: String,
+    },
     /// The body of an idempotent call for `(biz, key)` called an idempotent fn with the
     /// same `(biz, key)`: it would wait on its own claim. Nothing was claimed.
     #[error(

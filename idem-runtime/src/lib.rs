@@ -17,7 +17,8 @@
 //!
 //! Why the dependencies: `async-trait` makes the store trait dyn-compatible
 //! (`Arc<dyn IdempotencyStore>`), which native async trait methods are not;
-//! `sha2` computes payload fingerprints; `tokio` provides the task-local context and the
+//! `sha2` computes payload fingerprints; `getrandom` draws form tokens from the
+//! operating system's random source; `tokio` provides the task-local context and the
 //! timers of the heartbeat and of `wait`; `quick_cache` (feature `cache`) is the bounded
 //! concurrent cache behind `CachedStore`, chosen for reads that do no housekeeping;
 //! `serde-content` gives serde's data model as a value (it keeps `Some(None)` apart
@@ -45,6 +46,7 @@ mod replay;
 mod step;
 mod store;
 pub mod sweeper;
+pub mod token;
 
 #[doc(hidden)]
 pub mod __private;

@@ -13,6 +13,7 @@ pub mod faulty;
 pub mod injected;
 pub mod scenarios;
 pub mod steps;
+pub mod tokens;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -93,6 +94,11 @@ macro_rules! conformance_suite {
             stale_holder_cannot_record_steps,
             a_new_life_starts_without_steps,
             a_step_record_that_fails_once_is_offered_again,
+        );
+        $crate::conformance_suite!(@tests $store; tokens;
+            concurrent_consumers_have_one_winner,
+            unknown_tokens_are_refused,
+            expired_tokens_are_refused,
         );
         $crate::conformance_suite!(@tests $store; scenarios;
             first_call_runs_once_and_records_success,

@@ -1,0 +1,387 @@
+//! `RedisStore`: connecting, the key layout, and the store trait over the scripts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
+use redis::aio::ConnectionManagerConfig;
+use redis::Script;
+
+use crate::connection::Connection;
+use crate::record::{decode, micros};
+
+/// Where every record key starts by default.
+pub const DEFAULT_PREFIX: &str = "idem:";
+
+/// How long Redis keeps a record after it expired (or its lease ended), by default:
+/// until then it answers as an expired record does in a SQL table (its fence goes on
+/// from where it was), and [`purge_expired`](IdempotencyStore::purge_expired) may
+/// delete it sooner.
+pub const DEFAULT_KEEP_EXPIRED: Duration = Duration::from_secs(24 * 3600);
+
+/// How often a script whose reply was lost is sent again before the error is returned.
+const SENDS: usize = 3;
+
+fn script(source: &str) -> Script {
+    Script::new(&format!("{}\n{source}", include_str!("lua/common.lua")))
+}
+
+fn claim_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| script(include_str!("lua/claim.lua")))
+}
+
+fn write_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| script(include_str!("lua/write.lua")))
+}
+
+fn purge_script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| script(include_str!("lua/purge.lua")))
+}
+
+/// Idempotency records in Redis: one hash per record, every change one Lua script.
+///
+/// See the [crate docs](crate) for the key layout and what Redis's durability means
+/// for a claim.
+#[derive(Debug, Clone)]
+pub struct RedisStore {
+    conn: Connection,
+    prefix: Arc<str>,
+    keep_expired: Duration,
+}
+
+/// A holder write, as `write.lua` names it.
+enum Write<'a> {
+    Renew(SystemTime),
+    Complete(&'a str, SystemTime, SystemTime),
+    Fail(&'a str, SystemTime, SystemTime),
+    Release,
+    Steps(&'a str),
+}
+
+impl RedisStore {
+    /// Connect to one Redis server (`redis://127.0.0.1:6379/0`) through a
+    /// `ConnectionManager` configured by [`manager_config`](Self::manager_config), and
+    /// check that it will not evict records.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, Self::manager_config()).await
+    }
+
+    /// [`connect`](Self::connect) with a `ConnectionManager` configured by `config`.
+    pub async fn connect_with(url: &str, config: ConnectionManagerConfig) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| failed(&format!("opening {}", redacted(url)), e))?;
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| failed(&format!("connecting to {}", redacted(url)), e))?;
+        Self::checked(Connection::Single(conn)).await
+    }
+
+    /// The store's default connection settings: a call to a server that is down fails
+    /// within about a second (2 reconnection attempts, 50 then 100 ms apart, 1 s to
+    /// connect) instead of redis's default 6 attempts over 12 s, and a reply that takes
+    /// over 5 s counts as lost (the script is then sent again, safely). A store fails
+    /// closed: no claim, no body.
+    pub fn manager_config() -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_number_of_retries(2)
+            .set_factor(50)
+            .set_max_delay(1000)
+            .set_connection_timeout(Duration::from_secs(1))
+            .set_response_timeout(Duration::from_secs(5))
+    }
+
+    /// Connect to a Redis Cluster through any of its nodes, and check that no primary
+    /// will evict records.
+    pub async fn connect_cluster(urls: &[&str]) -> Result<Self, StoreError> {
+        let shown = urls.iter().map(|url| redacted(url)).collect::<Vec<_>>().join(", ");
+        let client = redis::cluster::ClusterClient::new(urls.to_vec())
+            .map_err(|e| failed(&format!("opening the cluster {shown}"), e))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| failed(&format!("connecting to the cluster {shown}"), e))?;
+        Self::checked(Connection::Cluster(conn)).await
+    }
+
+    async fn checked(conn: Connection) -> Result<Self, StoreError> {
+        let store = RedisStore {
+            conn,
+            prefix: DEFAULT_PREFIX.into(),
+            keep_expired: DEFAULT_KEEP_EXPIRED,
+        };
+        store.check_eviction_policy().await?;
+        Ok(store)
+    }
+
+    /// Refuse a server whose `maxmemory-policy` may evict keys: an evicted record is a
+    /// claim silently gone, and the next duplicate would run again. Only `noeviction`
+    /// (Redis answers writes with an error when full) and the `volatile-*` policies on
+    /// a server without `maxmemory` are safe; the store refuses every other one.
+    pub async fn check_eviction_policy(&self) -> Result<(), StoreError> {
+        let cmd = redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").clone();
+        let read = |e| failed("reading maxmemory-policy", e);
+        for primary in self.conn.primaries().await.map_err(read)? {
+            let answer: Vec<String> = self.conn.query_on(&primary, &cmd).await.map_err(read)?;
+            if let Some(policy) = answer.get(1).filter(|policy| policy.as_str() != "noeviction") {
+                return Err(StoreError::new(format!(
+                    "Redis runs with maxmemory-policy {policy}: it may evict idempotency records, and a duplicate \
+                     whose record was evicted runs again. Set `maxmemory-policy noeviction` on every primary \
+                     (or keep idem's records on a server that has it)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys start with `prefix` instead of `idem:`. A prefix holding `{` or `}` is
+    /// refused: it would move the cluster hash tag.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
+        if prefix.contains(['{', '}']) {
+            return Err(StoreError::new(format!(
+                "the Redis key prefix {prefix:?} holds a brace; the record's hash tag must be the first"
+            )));
+        }
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// Keep a record in Redis this long after it expired (default
+    /// [`DEFAULT_KEEP_EXPIRED`]); `purge_expired` deletes it sooner.
+    pub fn keep_expired(mut self, keep: Duration) -> Self {
+        self.keep_expired = keep;
+        self
+    }
+
+    /// The key of the record `(biz, key)`: `{prefix}{<length of biz>:<biz>:<key>}` —
+    /// `idem:{3:pay:order-7}`. The length keeps every biz and key apart (`a:b` + `c` is
+    /// not `a` + `b:c`); the braces are the cluster hash tag, so whatever key a record
+    /// ever adds beside its hash lands on its slot.
+    pub fn record_key(&self, biz: &str, key: &str) -> String {
+        format!("{}{{{}:{biz}:{key}}}", self.prefix, biz.len())
+    }
+
+    /// The claim script, as the bench's hand-written floor calls it: `KEYS[1]` the
+    /// record key, `ARGV` now, lease end, expiry, first fence (instants in microseconds
+    /// since the epoch), fingerprint and request body (`""` for none), a claimant id,
+    /// and how long to keep the record after it expires (µs).
+    pub fn claim_script() -> &'static Script {
+        claim_script()
+    }
+
+    /// The holder-write script: `ARGV` what (`complete`, `fail`, `renew`, `release`,
+    /// `steps`), fence, `created_at`, the value, now, expiry, keep (µs).
+    pub fn write_script() -> &'static Script {
+        write_script()
+    }
+
+    fn keep_us(&self) -> u64 {
+        u64::try_from(self.keep_expired.as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Run a script, sending it again when its reply was lost (the scripts are written
+    /// to be applied once however often the same call is sent).
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        operation: &str,
+        lease_or_key: (&str, &str),
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let mut sent = 0;
+        loop {
+            sent += 1;
+            match self.conn.invoke(invocation).await {
+                Ok(value) => return Ok(value),
+                Err(error) if sent < SENDS && lost_reply(&error) => {
+                    tracing::warn!(%error, operation, biz = lease_or_key.0, key = lease_or_key.1, "Redis reply lost; sending the script again");
+                    tokio::time::sleep(Duration::from_millis(20 * sent as u64)).await;
+                }
+                Err(error) => return Err(failed(operation, error)),
+            }
+        }
+    }
+
+    async fn write(&self, lease: &Lease, write: Write<'_>) -> Result<FenceCheck, StoreError> {
+        let (what, value, now, expires) = match write {
+            Write::Renew(until) => ("renew", micros(until).to_string(), 0, 0),
+            Write::Complete(response, now, expires) => ("complete", response.to_owned(), micros(now), micros(expires)),
+            Write::Fail(message, now, expires) => ("fail", message.to_owned(), micros(now), micros(expires)),
+            Write::Release => ("release", String::new(), 0, 0),
+            Write::Steps(steps) => ("steps", steps.to_owned(), 0, 0),
+        };
+        let mut invocation = write_script().prepare_invoke();
+        invocation
+            .key(self.record_key(&lease.biz, &lease.key))
+            .arg(what)
+            .arg(lease.fence.to_string())
+            .arg(micros(lease.created_at).to_string())
+            .arg(value)
+            .arg(now.to_string())
+            .arg(expires.to_string())
+            .arg(self.keep_us().to_string());
+        let applied: i64 = self.run(what, (&lease.biz, &lease.key), &invocation).await?;
+        Ok(if applied == 1 {
+            FenceCheck::Held
+        } else {
+            FenceCheck::Lost
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for RedisStore {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let mut invocation = claim_script().prepare_invoke();
+        invocation
+            .key(self.record_key(claim.biz, claim.key))
+            .arg(micros(claim.now).to_string())
+            .arg(micros(claim.lease_until()).to_string())
+            .arg(micros(claim.expires_at()).to_string())
+            .arg(claim.first_fence().to_string())
+            .arg(claim.fingerprint.unwrap_or(""))
+            .arg(claim.request_body.unwrap_or(""))
+            .arg(claimant())
+            .arg(self.keep_us().to_string());
+        let reply: Vec<Vec<u8>> = self.run("claim", (claim.biz, claim.key), &invocation).await?;
+        match reply.split_first() {
+            Some((tag, rest)) if tag.as_slice() == b"ACQUIRED" && rest.len() == 2 => {
+                let number = |bytes: &[u8]| -> Result<u64, StoreError> {
+                    std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|text| text.parse().ok())
+                        .ok_or_else(|| StoreError::new("the claim script answered a fence that is not a number"))
+                };
+                Ok(ClaimOutcome::Acquired(Lease {
+                    biz: claim.biz.to_owned(),
+                    key: claim.key.to_owned(),
+                    fence: number(&rest[0])?,
+                    created_at: SystemTime::UNIX_EPOCH + Duration::from_micros(number(&rest[1])?),
+                }))
+            }
+            Some((tag, rest)) if tag.as_slice() == b"EXISTING" => {
+                Ok(ClaimOutcome::Existing(decode(claim.biz, claim.key, rest)?))
+            }
+            _ => Err(StoreError::new(
+                "the claim script answered neither ACQUIRED nor EXISTING",
+            )),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+        self.write(lease, Write::Renew(now + lease_for)).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.write(lease, Write::Complete(response, now, now + ttl)).await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.write(lease, Write::Fail(message, now, now + ttl)).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.write(lease, Write::Release).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
+        self.write(lease, Write::Steps(steps)).await
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        let cmd = redis::cmd("HGETALL").arg(self.record_key(biz, key)).clone();
+        let pairs: Vec<Vec<u8>> = self.conn.query(&cmd).await.map_err(|e| failed("get", e))?;
+        if pairs.is_empty() {
+            return Ok(None);
+        }
+        decode(biz, key, &pairs).map(Some)
+    }
+
+    /// Walks the records with `SCAN` (every primary of a cluster) and deletes those
+    /// that expired, a script per key. Redis also deletes each record by itself
+    /// [`keep_expired`](RedisStore::keep_expired) after it expires.
+    async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        let pattern = format!("{}*", glob_escaped(&self.prefix));
+        let scan = |e| failed("purge (scan)", e);
+        let mut purged = 0;
+        for primary in self.conn.primaries().await.map_err(scan)? {
+            let mut cursor = 0u64;
+            loop {
+                let cmd = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(500)
+                    .clone();
+                let (next, keys): (u64, Vec<String>) = self.conn.query_on(&primary, &cmd).await.map_err(scan)?;
+                for key in keys {
+                    let mut invocation = purge_script().prepare_invoke();
+                    invocation.key(&key).arg(micros(now).to_string());
+                    purged += self.run::<u64>("purge", ("", &key), &invocation).await?;
+                    if purged >= limit {
+                        return Ok(purged);
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(purged)
+    }
+}
+
+/// A claimant id unique to this claim call: a resent claim script recognizes itself.
+fn claimant() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static PROCESS: OnceLock<String> = OnceLock::new();
+    let process = PROCESS.get_or_init(|| format!("{}-{}", std::process::id(), micros(SystemTime::now())));
+    format!("{process}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A reply the connection lost (the script may or may not have run).
+fn lost_reply(error: &redis::RedisError) -> bool {
+    error.is_io_error() || error.is_connection_dropped() || error.is_timeout()
+}
+
+fn failed(operation: &str, error: redis::RedisError) -> StoreError {
+    StoreError::with_source(format!("Redis failed at {operation}"), error)
+}
+
+/// `url` without its password.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// `text` as a literal in a `SCAN MATCH` glob.
+fn glob_escaped(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c {
+            '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+            c => vec![c],
+        })
+        .collect()
+}

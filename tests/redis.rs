@@ -1,0 +1,295 @@
+//! The conformance suite on Redis 7 (`IDEM_TEST_REDIS_URL`; `.ci/start-databases`
+//! starts one), the store-independent database scenarios, and the traps of Redis: a
+//! script sent twice, an evicting server refused, a restart without persistence
+//! (failing closed while it is down, fences going on above the old ones after).
+
+mod conformance;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::calls::Store;
+use idem::store::{Claim, ClaimOutcome, FenceCheck};
+use idem::{redis, Error, IdempotencyStore, Idempotent, RedisStore};
+
+async fn open() -> Option<RedisStore> {
+    let url = conformance::server_url("IDEM_TEST_REDIS_URL", "Redis")?;
+    Some(RedisStore::connect(&url).await.expect("connect to Redis"))
+}
+
+async fn open_dyn() -> Option<Store> {
+    Some(Arc::new(open().await?))
+}
+
+conformance_suite!(open_dyn());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_see_one_record() {
+    if let (Some(a), Some(b)) = (open_dyn().await, open_dyn().await) {
+        conformance::database::two_stores_see_one_record(&a, &b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_race_has_one_winner() {
+    if let (Some(a), Some(b)) = (open_dyn().await, open_dyn().await) {
+        conformance::database::takeover_race_has_one_winner(&a, &b).await;
+    }
+}
+
+#[tokio::test]
+async fn record_survives_a_reconnect() {
+    if open_dyn().await.is_some() {
+        conformance::database::record_survives_a_restart(|| async { open_dyn().await.unwrap() }).await;
+    }
+}
+
+#[tokio::test]
+async fn corrupted_response_is_a_decode_error() {
+    let Some(store) = open().await else { return };
+    let corrupt = |key: String| {
+        let store = store.clone();
+        async move {
+            let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let record = store.record_key("conformance.pay", &key);
+            let _: () = redis::cmd("HSET")
+                .arg(record)
+                .arg("response_body")
+                .arg("not json")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    let shared: Store = Arc::new(store.clone());
+    conformance::database::corrupted_response_is_a_decode_error(&shared, corrupt).await;
+}
+
+/// A claim, and a `complete`, sent twice as a resending client would: the second send
+/// answers what the first did and changes nothing.
+#[tokio::test]
+async fn scripts_sent_twice_apply_once() {
+    let Some(store) = open().await else { return };
+    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = store.record_key("redis.twice", &conformance::unique("k"));
+    let now = idem::store::now();
+    let micros = |at: std::time::SystemTime| {
+        at.duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros()
+            .to_string()
+    };
+    let mut claim = RedisStore::claim_script().prepare_invoke();
+    claim
+        .key(&key)
+        .arg(micros(now))
+        .arg(micros(now + Duration::from_secs(30)))
+        .arg(micros(now + Duration::from_secs(60)))
+        .arg(micros(now))
+        .arg("")
+        .arg("")
+        .arg("claimant-1")
+        .arg("1000000");
+    let first: Vec<String> = claim.invoke_async(&mut conn).await.unwrap();
+    let again: Vec<String> = claim.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(first[0], "ACQUIRED");
+    assert_eq!(again, first, "the same claim sent twice is granted once");
+    let mut complete = RedisStore::write_script().prepare_invoke();
+    complete
+        .key(&key)
+        .arg("complete")
+        .arg(&first[1])
+        .arg(&first[2])
+        .arg("42")
+        .arg(micros(now))
+        .arg(micros(now + Duration::from_secs(60)))
+        .arg("1000000");
+    let applied: i64 = complete.invoke_async(&mut conn).await.unwrap();
+    let resent: i64 = complete.invoke_async(&mut conn).await.unwrap();
+    assert_eq!((applied, resent), (1, 1));
+    let fence: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("fence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fence, first[1], "no second fence");
+    // Another claimant's claim is refused by the record the first left.
+    let mut other = RedisStore::claim_script().prepare_invoke();
+    other
+        .key(&key)
+        .arg(micros(now))
+        .arg(micros(now + Duration::from_secs(30)))
+        .arg(micros(now + Duration::from_secs(60)))
+        .arg(micros(now))
+        .arg("")
+        .arg("")
+        .arg("claimant-2")
+        .arg("1000000");
+    let refused: Vec<String> = other.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(refused[0], "EXISTING");
+}
+
+/// A Redis server of the test's own, on a free port, without persistence.
+struct OwnRedis {
+    port: u16,
+    child: Child,
+}
+
+impl OwnRedis {
+    fn start(port: Option<u16>, extra: &[&str]) -> Self {
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on the PATH (.ci/start-databases installs it)");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        OwnRedis { port, child }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Only under CI, or where redis-server is installed.
+fn have_redis_server() -> bool {
+    let found = Command::new("redis-server").arg("--version").output().is_ok();
+    assert!(
+        found || std::env::var_os("CI").is_none(),
+        "CI needs redis-server on the PATH"
+    );
+    found
+}
+
+#[tokio::test]
+async fn an_evicting_server_is_refused() {
+    if !have_redis_server() {
+        return;
+    }
+    let server = OwnRedis::start(None, &["--maxmemory-policy", "allkeys-lru"]);
+    let error = RedisStore::connect(&server.url()).await.unwrap_err();
+    assert!(error.to_string().contains("allkeys-lru"), "{error}");
+    assert!(error.to_string().contains("noeviction"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_fails_closed_then_recovers_with_higher_fences() {
+    if !have_redis_server() {
+        return;
+    }
+    let mut server = OwnRedis::start(None, &["--maxmemory-policy", "noeviction"]);
+    let store: Store = Arc::new(RedisStore::connect(&server.url()).await.unwrap());
+    let op = Idempotent::new("redis.restart").store(store.clone());
+    let before: u64 = op.execute("k", async { Ok::<_, Error>(1) }).await.unwrap();
+    let fence_before = store.get("redis.restart", "k").await.unwrap().unwrap().fence;
+
+    server.kill();
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let down: Result<u64, Error> = op
+        .execute("k2", async {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(2)
+        })
+        .await;
+    assert!(matches!(down, Err(Error::Store { .. })), "{down:?}");
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "nothing runs while Redis is down"
+    );
+
+    let _server = OwnRedis::start(Some(server.port), &["--maxmemory-policy", "noeviction"]);
+    // The same store reconnects; the record died with the server (no persistence).
+    let mut after = None;
+    for _ in 0..50 {
+        if let Ok(value) = op.execute("k", async { Ok::<_, Error>(3) }).await {
+            after = Some(value);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        (before, after),
+        (1, Some(3)),
+        "a restart without persistence loses the record"
+    );
+    let fence_after = store.get("redis.restart", "k").await.unwrap().unwrap().fence;
+    assert!(
+        fence_after > fence_before,
+        "fences go on above the lost ones: {fence_before} → {fence_after}"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_on_a_live_lease_is_refused_and_a_lapsed_one_taken_over() {
+    let Some(store) = open().await else { return };
+    let biz = conformance::unique("redis.lease");
+    let now = idem::store::now();
+    let claim = Claim::new(&biz, "k", now, Duration::from_secs(30), Duration::from_secs(60));
+    let ClaimOutcome::Acquired(lease) = store.claim(&claim).await.unwrap() else {
+        panic!("first claim")
+    };
+    assert_eq!(lease.fence, claim.first_fence());
+    assert!(matches!(store.claim(&claim).await.unwrap(), ClaimOutcome::Existing(_)));
+    let later = Claim::new(
+        &biz,
+        "k",
+        now + Duration::from_secs(31),
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Acquired(taken) = store.claim(&later).await.unwrap() else {
+        panic!("takeover")
+    };
+    assert_eq!((taken.fence, taken.created_at), (lease.fence + 1, lease.created_at));
+    assert_eq!(
+        store.complete(&lease, "1", now, Duration::from_secs(60)).await.unwrap(),
+        FenceCheck::Lost
+    );
+}
