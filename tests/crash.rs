@@ -44,7 +44,7 @@ fn holder_worker() {
         harness::setting("CRASH_HANG_MS"),
     );
     harness::worker_runtime().block_on(async {
-        let store = idem::sql::open(&url).await.unwrap();
+        let store = harness::open_store(&url).await;
         let effects = Effects::open(&url).await;
         for done in ["a", "b"] {
             let key = format!("{run}-{done}");
@@ -92,7 +92,7 @@ fn crash_recovery(backend: &str) {
     let run = conformance::unique("kill");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (store, effects) =
-        runtime.block_on(async { (idem::sql::open(&url).await.unwrap(), Effects::open(&url).await) });
+        runtime.block_on(async { (harness::open_store(&url).await, Effects::open(&url).await) });
     let (mut holder, _) = start_holder(&url, &run, Duration::from_secs(600));
     holder.kill().unwrap(); // SIGKILL
     holder.wait().unwrap();
@@ -158,7 +158,7 @@ fn pause_recovery(backend: &str) {
     let run = conformance::unique("stop");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (store, effects) =
-        runtime.block_on(async { (idem::sql::open(&url).await.unwrap(), Effects::open(&url).await) });
+        runtime.block_on(async { (harness::open_store(&url).await, Effects::open(&url).await) });
     let (mut holder, mut out) = start_holder(&url, &run, Duration::from_secs(3));
     signal(&holder, "-STOP");
     std::thread::sleep(Duration::from_millis(3000)); // past the 2 s lease: no heartbeat in a stopped process
@@ -228,4 +228,14 @@ fn pause_on_postgres() {
 #[test]
 fn pause_on_mysql() {
     pause_recovery("mysql");
+}
+
+#[test]
+fn kill_on_redis() {
+    crash_recovery("redis");
+}
+
+#[test]
+fn pause_on_redis() {
+    pause_recovery("redis");
 }

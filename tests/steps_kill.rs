@@ -56,7 +56,7 @@ fn steps_worker() {
     let (url, run) = (harness::setting("STEPS_URL"), harness::setting("STEPS_RUN"));
     let hang_at: usize = harness::setting("STEPS_HANG_AT").parse().unwrap();
     harness::worker_runtime().block_on(async {
-        let store = idem::sql::open(&url).await.unwrap();
+        let store = harness::open_store(&url).await;
         let effects = Effects::open(&url).await;
         for k in 0..=hang_at {
             let between = if k == hang_at {
@@ -94,7 +94,7 @@ fn killed_between_steps(backend: &str) {
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let store = idem::sql::open(&url).await.unwrap();
+        let store = harness::open_store(&url).await;
         let effects = Effects::open(&url).await;
         // Every key retried here: the last one is taken over, the others replayed.
         let mut answers = Vec::new();
@@ -165,4 +165,9 @@ fn killed_between_steps_postgres() {
 #[test]
 fn killed_between_steps_mysql() {
     killed_between_steps("mysql");
+}
+
+#[test]
+fn killed_between_steps_redis() {
+    killed_between_steps("redis");
 }

@@ -69,7 +69,7 @@ fn storm_worker() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let store = idem::sql::open(&url).await.expect("open the store");
+        let store = harness::open_store(&url).await;
         let effects = Effects::open(&url).await;
         harness::sleep_until_epoch_millis(start_at).await;
         let pid = std::process::id();
@@ -117,7 +117,7 @@ fn storm(backend: &str) {
     let run = conformance::unique("storm");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let effects = runtime.block_on(async {
-        idem::sql::open(&url).await.expect("migrate before the storm");
+        harness::open_store(&url).await;
         Effects::open(&url).await
     });
 
@@ -177,7 +177,7 @@ fn storm(backend: &str) {
             }
         }
     }
-    let store = runtime.block_on(idem::sql::open(&url)).unwrap();
+    let store = runtime.block_on(harness::open_store(&url));
     for k in (0..keys).step_by(keys.div_ceil(20).max(1)) {
         let record = runtime
             .block_on(store.get("storm", &format!("{run}-{k}")))
@@ -209,4 +209,9 @@ fn storm_on_postgres() {
 #[test]
 fn storm_on_mysql() {
     storm("mysql");
+}
+
+#[test]
+fn storm_on_redis() {
+    storm("redis");
 }

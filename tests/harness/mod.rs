@@ -36,6 +36,9 @@ impl Effects {
     /// business fails fast, as the store does, while its server is down.
     pub async fn open_waiting(url: &str, acquire: Duration) -> Self {
         sqlx::any::install_default_drivers();
+        // Records in Redis: the business lives in a SQLite file every process shares.
+        let shared_file = format!("sqlite://{}", std::env::temp_dir().join("idem-redis-effects.db").display());
+        let url = if url.starts_with("redis") { shared_file.as_str() } else { url };
         let url = if url.starts_with("sqlite") {
             format!("{url}?mode=rwc")
         } else {
@@ -114,6 +117,16 @@ impl Effects {
             by_key.entry(key).or_default().push(token);
         }
         by_key
+    }
+}
+
+/// The store at `url`: Redis for `redis://`, else the SQL store of the URL's kind
+/// (its table migrated).
+pub async fn open_store(url: &str) -> std::sync::Arc<dyn idem::IdempotencyStore> {
+    if url.starts_with("redis") {
+        std::sync::Arc::new(idem::RedisStore::connect(url).await.expect("connect to Redis"))
+    } else {
+        idem::sql::open(url).await.expect("open the store")
     }
 }
 
@@ -212,6 +225,7 @@ pub fn backend_url(backend: &str, name: &str) -> Option<String> {
             Some(format!("sqlite://{}", path.display()))
         }
         "postgres" => crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
+        "redis" => crate::conformance::server_url("IDEM_TEST_REDIS_URL", "Redis"),
         _ => crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB"),
     }
 }
