@@ -91,8 +91,7 @@ fn crash_recovery(backend: &str) {
     };
     let run = conformance::unique("kill");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (store, effects) =
-        runtime.block_on(async { (harness::open_store(&url).await, Effects::open(&url).await) });
+    let (store, effects) = runtime.block_on(async { (harness::open_store(&url).await, Effects::open(&url).await) });
     let (mut holder, _) = start_holder(&url, &run, Duration::from_secs(600));
     holder.kill().unwrap(); // SIGKILL
     holder.wait().unwrap();
@@ -157,8 +156,7 @@ fn pause_recovery(backend: &str) {
     };
     let run = conformance::unique("stop");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (store, effects) =
-        runtime.block_on(async { (harness::open_store(&url).await, Effects::open(&url).await) });
+    let (store, effects) = runtime.block_on(async { (harness::open_store(&url).await, Effects::open(&url).await) });
     let (mut holder, mut out) = start_holder(&url, &run, Duration::from_secs(3));
     signal(&holder, "-STOP");
     std::thread::sleep(Duration::from_millis(3000)); // past the 2 s lease: no heartbeat in a stopped process

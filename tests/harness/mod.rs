@@ -37,8 +37,15 @@ impl Effects {
     pub async fn open_waiting(url: &str, acquire: Duration) -> Self {
         sqlx::any::install_default_drivers();
         // Records in Redis: the business lives in a SQLite file every process shares.
-        let shared_file = format!("sqlite://{}", std::env::temp_dir().join("idem-redis-effects.db").display());
-        let url = if url.starts_with("redis") { shared_file.as_str() } else { url };
+        let shared_file = format!(
+            "sqlite://{}",
+            std::env::temp_dir().join("idem-redis-effects.db").display()
+        );
+        let url = if url.starts_with("redis") {
+            shared_file.as_str()
+        } else {
+            url
+        };
         let url = if url.starts_with("sqlite") {
             format!("{url}?mode=rwc")
         } else {
