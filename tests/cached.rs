@@ -81,7 +81,9 @@ async fn a_mismatching_record_is_not_cached() {
     let store = cached_sqlite().await;
     let key = conformance::unique("mismatch");
     let runs = AtomicU32::new(0);
-    pay(&store, &key, 199, &runs).await.unwrap();
+    // The first call through another process's cache (one over the same table).
+    let elsewhere: Cached = Arc::new(CachedStore::new(store.inner().clone(), 100));
+    pay(&elsewhere, &key, 199, &runs).await.unwrap();
     assert!(matches!(
         pay(&store, &key, 500, &runs).await,
         Err(idem::Error::PayloadMismatch { .. })
@@ -91,6 +93,22 @@ async fn a_mismatching_record_is_not_cached() {
         0,
         "the record that failed payload validation is not cached"
     );
+}
+
+#[tokio::test]
+async fn a_call_through_the_cache_caches_the_record_it_wrote() {
+    let store = cached_sqlite().await;
+    let key = conformance::unique("own");
+    let runs = AtomicU32::new(0);
+    assert_eq!(pay(&store, &key, 199, &runs).await.unwrap(), 199);
+    assert_eq!(store.cached(), 1, "cached as it was written");
+    delete_rows(&store, &key).await;
+    assert_eq!(
+        pay(&store, &key, 199, &runs).await.unwrap(),
+        199,
+        "its duplicate is answered by the cache"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

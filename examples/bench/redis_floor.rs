@@ -69,7 +69,7 @@ pub async fn powertools_side(url: &str, calls: usize) {
     let store = RedisStore::connect(url).await.unwrap();
     let floor = RedisFloor::connect(url, store.clone()).await;
     let op = Idempotent::new("bench").store(Arc::new(store.clone()));
-    let cached = Idempotent::new("bench").store(Arc::new(CachedStore::new(Arc::new(store), 10_000)));
+    let cached = Idempotent::new("bench.cached").store(Arc::new(CachedStore::new(Arc::new(store), 10_000)));
     let run = run_id();
     let (mut first, mut replay, mut cached_replay, mut floor_t) =
         (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
@@ -81,6 +81,9 @@ pub async fn powertools_side(url: &str, calls: usize) {
         let t = Instant::now();
         std::hint::black_box(op.execute(&key, bare(i as u64)).await.unwrap());
         replay += t.elapsed();
+        // The cache answers the duplicates of calls that went through it, as
+        // Powertools's local cache does.
+        std::hint::black_box(cached.execute(&key, bare(i as u64)).await.unwrap());
         let t = Instant::now();
         std::hint::black_box(cached.execute(&key, bare(i as u64)).await.unwrap());
         cached_replay += t.elapsed();

@@ -17,6 +17,8 @@ type Slot = (String, String);
 
 /// Wraps a store and answers duplicates of finished calls from process memory.
 ///
+/// A finished record is cached when a claim finds it in the store, and when a call
+/// claimed through the cache writes its outcome (the record it wrote, as written).
 /// Only finished records (`SUCCESS`, `FAIL`) are cached: they do not change until they
 /// expire, in any process, so a cached copy is as good as the row. A claim never
 /// trusts an entry past its record's `expires_at` (it is dropped there and then), the
@@ -33,13 +35,20 @@ type Slot = (String, String);
 pub struct CachedStore<S> {
     inner: S,
     finished: Arc<Cache<Slot, Arc<Record>>>,
+    /// The calls claimed through this cache and still running: their fence and payload
+    /// fingerprint, so that the record their outcome makes is cached as it is written.
+    running: Arc<Cache<Slot, (u64, Option<String>)>>,
 }
 
 impl<S: IdempotencyStore> CachedStore<S> {
     /// Cache up to `capacity` finished records of `inner`.
     pub fn new(inner: S, capacity: u64) -> Self {
-        let finished = Arc::new(Cache::new(usize::try_from(capacity).unwrap_or(usize::MAX).max(1)));
-        Self { inner, finished }
+        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX).max(1);
+        Self {
+            inner,
+            finished: Arc::new(Cache::new(capacity)),
+            running: Arc::new(Cache::new(capacity)),
+        }
     }
 
     /// The store behind the cache.
@@ -50,6 +59,43 @@ impl<S: IdempotencyStore> CachedStore<S> {
     /// How many records the cache holds now.
     pub fn cached(&self) -> u64 {
         self.finished.len() as u64
+    }
+}
+
+impl<S> CachedStore<S> {
+    /// A call claimed through this cache wrote its outcome: cache the record it made
+    /// (as the store now holds it), so the duplicates that follow in this process are
+    /// answered without a round trip.
+    fn finish(&self, lease: &Lease, written: FenceCheck, status: Status, text: &str, now: SystemTime, ttl: Duration) {
+        let slot = SlotRef(&lease.biz, &lease.key);
+        let Some((fence, fingerprint)) = self.running.get(&slot) else {
+            return;
+        };
+        self.running.remove(&slot);
+        if written != FenceCheck::Held || fence != lease.fence {
+            return;
+        }
+        let (response_body, error_message) = match status {
+            Status::Succeeded => (Some(text.to_owned()), None),
+            _ => (None, Some(text.to_owned())),
+        };
+        let record = Record {
+            biz: lease.biz.clone(),
+            key: lease.key.clone(),
+            status,
+            fence,
+            fingerprint,
+            request_body: None,
+            response_body,
+            error_message,
+            lease_until: Some(now),
+            created_at: lease.created_at,
+            completed_at: Some(now),
+            expires_at: now + ttl,
+            steps: None,
+        };
+        self.finished
+            .insert((lease.biz.clone(), lease.key.clone()), Arc::new(record));
     }
 }
 
@@ -86,7 +132,12 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
                     .insert((claim.biz.to_owned(), claim.key.to_owned()), Arc::new(record.clone()));
             }
             // A new life of the key: whatever an earlier life left here is stale.
-            ClaimOutcome::Acquired(_) => drop(self.finished.remove(&slot)),
+            ClaimOutcome::Acquired(lease) => {
+                self.finished.remove(&slot);
+                let fingerprint = claim.fingerprint.map(str::to_owned);
+                self.running
+                    .insert((claim.biz.to_owned(), claim.key.to_owned()), (lease.fence, fingerprint));
+            }
             ClaimOutcome::Existing(_) => {}
         }
         Ok(outcome)
@@ -103,7 +154,9 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.inner.complete(lease, response, now, ttl).await
+        let written = self.inner.complete(lease, response, now, ttl).await?;
+        self.finish(lease, written, Status::Succeeded, response, now, ttl);
+        Ok(written)
     }
 
     async fn fail(
@@ -113,10 +166,13 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.inner.fail(lease, message, now, ttl).await
+        let written = self.inner.fail(lease, message, now, ttl).await?;
+        self.finish(lease, written, Status::Failed, message, now, ttl);
+        Ok(written)
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.running.remove(&SlotRef(&lease.biz, &lease.key));
         self.inner.release(lease).await
     }
 
