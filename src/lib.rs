@@ -315,7 +315,7 @@ pub use idem_macros::idempotent;
 pub use idem_runtime::token;
 pub use idem_runtime::{
     context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,
-    Mode, OnError, Record, Status, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
+    Mode, OnError, Record, Status, TieredStore, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
     MAX_REQUEST_BODY,
 };
 

@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- --calls 5000 --growth
 //! cargo run --release --example bench -- --transactional-only  # just that table
 //! cargo run --release --example bench -- --http-only           # just the HTTP layer's
+//! cargo run --release --example bench -- --latency-only        # just the first table
 //! cargo run --release --example bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
 //!
@@ -125,14 +126,15 @@ impl Floor {
     }
 
     async fn run(&self, key: &str, business: Option<&str>) {
-        /// On one pooled connection, or in one transaction committed at the end.
+        /// Each statement on the pool, as idem's leased mode runs them (the body runs
+        /// between them, holding no connection), or all in one transaction.
         macro_rules! on_connection {
             ($store:expr, $rows:ident) => {
                 match business {
-                    None => $rows($store, &mut $store.pool().acquire().await.unwrap(), key, None).await,
+                    None => $rows($store, None, key, None).await,
                     Some(sql) => {
                         let mut tx = $store.pool().begin().await.unwrap();
-                        $rows($store, &mut tx, key, Some(sql)).await;
+                        $rows($store, Some(&mut *tx), key, Some(sql)).await;
                         tx.commit().await.unwrap();
                     }
                 }
@@ -144,6 +146,16 @@ impl Floor {
             Floor::MySql(store) => on_connection!(store, mysql_rows),
         }
     }
+}
+
+/// Run `query` with `method` on the transaction's connection, or else on the pool.
+macro_rules! on {
+    ($conn:expr, $store:expr, $query:expr, $method:ident) => {
+        match $conn {
+            Some(ref mut conn) => $query.$method(&mut **conn).await,
+            None => $query.$method($store.pool()).await,
+        }
+    };
 }
 
 const BIZ: &str = "floor";
@@ -188,115 +200,133 @@ where
 
 async fn sqlite_rows(
     store: &idem::SqliteStore,
-    conn: &mut idem::sqlx::SqliteConnection,
+    mut conn: Option<&mut idem::sqlx::SqliteConnection>,
     key: &str,
     business: Option<&str>,
 ) {
     let at = stamps();
-    let row = idem::sqlx::query(store.claim_sql())
-        .bind(BIZ)
-        .bind(key)
-        .bind(NO_TEXT)
-        .bind(NO_TEXT)
-        .bind(sqlite_text(at.lease_until))
-        .bind(sqlite_text(at.now))
-        .bind(sqlite_text(at.expires))
-        .bind(at.first_fence)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let row = on!(
+        conn,
+        store,
+        idem::sqlx::query(store.claim_sql())
+            .bind(BIZ)
+            .bind(key)
+            .bind(NO_TEXT)
+            .bind(NO_TEXT)
+            .bind(sqlite_text(at.lease_until))
+            .bind(sqlite_text(at.now))
+            .bind(sqlite_text(at.expires))
+            .bind(at.first_fence),
+        fetch_one
+    )
+    .unwrap();
     let (fence, created_at): (i64, String) = (row.get(0), row.get(1));
     if let Some(sql) = business {
-        business_insert::<idem::sqlx::Sqlite>(&mut *conn, sql, key).await;
+        business_insert::<idem::sqlx::Sqlite>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
     }
-    idem::sqlx::query(store.complete_sql())
-        .bind(RESPONSE)
-        .bind(sqlite_text(at.now))
-        .bind(sqlite_text(at.now))
-        .bind(sqlite_text(at.expires))
-        .bind(BIZ)
-        .bind(key)
-        .bind(fence)
-        .bind(created_at)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    on!(
+        conn,
+        store,
+        idem::sqlx::query(store.complete_sql())
+            .bind(RESPONSE)
+            .bind(sqlite_text(at.now))
+            .bind(sqlite_text(at.now))
+            .bind(sqlite_text(at.expires))
+            .bind(BIZ)
+            .bind(key)
+            .bind(fence)
+            .bind(created_at),
+        execute
+    )
+    .unwrap();
 }
 
 async fn postgres_rows(
     store: &idem::PostgresStore,
-    conn: &mut idem::sqlx::PgConnection,
+    mut conn: Option<&mut idem::sqlx::PgConnection>,
     key: &str,
     business: Option<&str>,
 ) {
     let at = stamps();
-    let row = idem::sqlx::query(store.claim_sql())
-        .bind(BIZ)
-        .bind(key)
-        .bind(NO_TEXT)
-        .bind(NO_TEXT)
-        .bind(utc(at.lease_until))
-        .bind(utc(at.now))
-        .bind(utc(at.expires))
-        .bind(at.first_fence)
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let row = on!(
+        conn,
+        store,
+        idem::sqlx::query(store.claim_sql())
+            .bind(BIZ)
+            .bind(key)
+            .bind(NO_TEXT)
+            .bind(NO_TEXT)
+            .bind(utc(at.lease_until))
+            .bind(utc(at.now))
+            .bind(utc(at.expires))
+            .bind(at.first_fence),
+        fetch_one
+    )
+    .unwrap();
     // The claim returns the record that stood in the way first (13 columns), then the grant.
     let (fence, created_at): (i64, DateTime<Utc>) = (row.get(13), row.get(14));
     if let Some(sql) = business {
-        business_insert::<idem::sqlx::Postgres>(&mut *conn, sql, key).await;
+        business_insert::<idem::sqlx::Postgres>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
     }
-    idem::sqlx::query(store.complete_sql())
-        .bind(RESPONSE)
-        .bind(utc(at.now))
-        .bind(utc(at.now))
-        .bind(utc(at.expires))
-        .bind(BIZ)
-        .bind(key)
-        .bind(fence)
-        .bind(created_at)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    on!(
+        conn,
+        store,
+        idem::sqlx::query(store.complete_sql())
+            .bind(RESPONSE)
+            .bind(utc(at.now))
+            .bind(utc(at.now))
+            .bind(utc(at.expires))
+            .bind(BIZ)
+            .bind(key)
+            .bind(fence)
+            .bind(created_at),
+        execute
+    )
+    .unwrap();
 }
 
 async fn mysql_rows(
     store: &idem::MySqlStore,
-    conn: &mut idem::sqlx::MySqlConnection,
+    mut conn: Option<&mut idem::sqlx::MySqlConnection>,
     key: &str,
     business: Option<&str>,
 ) {
     let at = stamps();
     let naive = |at: SystemTime| utc(at).naive_utc();
-    let done = idem::sqlx::query(store.claim_sql())
-        .bind(BIZ)
-        .bind(key)
-        .bind(NO_TEXT)
-        .bind(NO_TEXT)
-        .bind(naive(at.lease_until))
-        .bind(naive(at.now))
-        .bind(naive(at.expires))
-        .bind(at.first_fence)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    let done = on!(
+        conn,
+        store,
+        idem::sqlx::query(store.claim_sql())
+            .bind(BIZ)
+            .bind(key)
+            .bind(NO_TEXT)
+            .bind(NO_TEXT)
+            .bind(naive(at.lease_until))
+            .bind(naive(at.now))
+            .bind(naive(at.expires))
+            .bind(at.first_fence),
+        execute
+    )
+    .unwrap();
     assert_eq!((done.rows_affected(), done.last_insert_id()), (1, 0), "a fresh insert");
     if let Some(sql) = business {
-        business_insert::<idem::sqlx::MySql>(&mut *conn, sql, key).await;
+        business_insert::<idem::sqlx::MySql>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
     }
-    idem::sqlx::query(store.complete_sql())
-        .bind(RESPONSE)
-        .bind(naive(at.now))
-        .bind(naive(at.now))
-        .bind(naive(at.expires))
-        .bind(BIZ)
-        .bind(key)
-        .bind(at.first_fence)
-        .bind(naive(at.now))
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    on!(
+        conn,
+        store,
+        idem::sqlx::query(store.complete_sql())
+            .bind(RESPONSE)
+            .bind(naive(at.now))
+            .bind(naive(at.now))
+            .bind(naive(at.expires))
+            .bind(BIZ)
+            .bind(key)
+            .bind(at.first_fence)
+            .bind(naive(at.now)),
+        execute
+    )
+    .unwrap();
 }
 
 async fn backends() -> Vec<Backend> {
@@ -547,6 +577,9 @@ async fn main() {
     println!("|---|---|---|---|---|");
     for backend in &backends {
         latency(backend, calls).await;
+    }
+    if args.iter().any(|a| a == "--latency-only") {
+        return;
     }
 
     transactional::report(&backends, calls).await;

@@ -46,6 +46,7 @@ mod replay;
 mod step;
 mod store;
 pub mod sweeper;
+mod tiered;
 pub mod token;
 
 #[doc(hidden)]
@@ -71,3 +72,4 @@ pub use store::{IdempotencyStore, OwnedStore};
 #[cfg(feature = "sweeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]
 pub use sweeper::Sweeper;
+pub use tiered::TieredStore;

@@ -1,0 +1,143 @@
+//! A shared pre-check in front of the store that decides: the seed design's Redis in
+//! front of the database, for hot keys across processes.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
+use crate::error::StoreError;
+use crate::record::{Record, Status};
+use crate::store::IdempotencyStore;
+
+/// Answers duplicates of finished calls from `front` (a Redis store, typically), and
+/// leaves every decision to `back` (a SQL store): the claim, the outcome, the lease.
+///
+/// A claim first reads `front`: a finished record there that has not expired and whose
+/// payload fingerprint agrees is the answer, without touching `back`. Anything else —
+/// no record, a running one, an error of `front` — goes to `back`, whose answer
+/// stands; a finished record `back` answers with is then copied to `front` (with the
+/// same expiry) for the duplicates after it. Every holder write, `get` and purge go to
+/// `back` alone. So `front` can lose records, restart empty or be down without any
+/// call running twice: it only ever holds copies of records that no longer change, and
+/// the SQL claim stays the decision.
+#[derive(Debug, Clone)]
+pub struct TieredStore<F, B> {
+    front: F,
+    back: B,
+}
+
+impl<F: IdempotencyStore, B: IdempotencyStore> TieredStore<F, B> {
+    /// `front` answers finished duplicates; `back` decides.
+    pub fn new(front: F, back: B) -> Self {
+        Self { front, back }
+    }
+
+    /// The pre-check store.
+    pub fn front(&self) -> &F {
+        &self.front
+    }
+
+    /// The store that decides.
+    pub fn back(&self) -> &B {
+        &self.back
+    }
+
+    /// A finished record of `front` that may answer `claim`.
+    async fn precheck(&self, claim: &Claim<'_>) -> Option<Record> {
+        match self.front.get(claim.biz, claim.key).await {
+            Ok(Some(record))
+                if record.status != Status::Processing
+                    && !record.is_expired(claim.now)
+                    && fingerprints_agree(record.fingerprint.as_deref(), claim.fingerprint) =>
+            {
+                Some(record)
+            }
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(%error, biz = claim.biz, key = claim.key, "pre-check store failed; asking the store that decides");
+                None
+            }
+        }
+    }
+
+    /// Copy a finished `record` to `front`, expiring when it does; best effort.
+    async fn mirror(&self, claim: &Claim<'_>, record: &Record) {
+        let Ok(left) = record.expires_at.duration_since(claim.now) else {
+            return;
+        };
+        let left = left.max(Duration::from_millis(1));
+        let copy = Claim::new(claim.biz, claim.key, claim.now, Duration::from_secs(1), left)
+            .with_fingerprint(record.fingerprint.as_deref());
+        let written = match self.front.claim(&copy).await {
+            Ok(ClaimOutcome::Acquired(lease)) => match (&record.status, &record.response_body, &record.error_message) {
+                (Status::Succeeded, Some(response), _) => self.front.complete(&lease, response, claim.now, left).await,
+                (Status::Failed, _, Some(message)) => self.front.fail(&lease, message, claim.now, left).await,
+                _ => self.front.release(&lease).await,
+            },
+            Ok(ClaimOutcome::Existing(_)) => return,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = written {
+            tracing::warn!(%error, biz = claim.biz, key = claim.key, "could not copy a finished record to the pre-check store");
+        }
+    }
+}
+
+#[async_trait]
+impl<F: IdempotencyStore, B: IdempotencyStore> IdempotencyStore for TieredStore<F, B> {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        if let Some(record) = self.precheck(claim).await {
+            return Ok(ClaimOutcome::Existing(record));
+        }
+        let outcome = self.back.claim(claim).await?;
+        if let ClaimOutcome::Existing(record) = &outcome {
+            if record.status != Status::Processing
+                && fingerprints_agree(record.fingerprint.as_deref(), claim.fingerprint)
+            {
+                self.mirror(claim, record).await;
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+        self.back.renew(lease, now, lease_for).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.back.complete(lease, response, now, ttl).await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.back.fail(lease, message, now, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.back.release(lease).await
+    }
+
+    async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
+        self.back.record_steps(lease, steps).await
+    }
+
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.back.get(biz, key).await
+    }
+
+    async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        self.back.purge_expired(now, limit).await
+    }
+}
