@@ -292,7 +292,8 @@
 //! [`sql::open`] picks one by URL. `sweeper` (default) adds
 //! [`Sweeper::continuously_purge`]; `cache` adds `CachedStore`, a bounded local tier
 //! that replays finished records without a round trip (the answer to hot keys).
-//! `redis` adds `RedisStore` (one Redis server or a Redis Cluster).
+//! `redis` adds `RedisStore` (one Redis server or a Redis Cluster). `metrics` counts
+//! every call through the `metrics` facade ([`observe`] lists the metrics).
 //! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum, and
 //! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder`.
 //!
@@ -303,7 +304,8 @@
 //! `serde-content` (serde's data model as a value: the replay check and the payload
 //! fingerprint compare through it), `thiserror` (the error enum), `tracing` (lease-lost
 //! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
-//! fingerprints), `sqlx` (the database stores), `redis` (the Redis store), `chrono` (sqlx's timestamp types),
+//! fingerprints), `sqlx` (the database stores), `redis` (the Redis store), `metrics` (the metrics
+//! facade, feature `metrics`), `getrandom` (form tokens), `chrono` (sqlx's timestamp types),
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
 //! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the
@@ -312,6 +314,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use idem_macros::idempotent;
+pub use idem_runtime::observe;
 pub use idem_runtime::token;
 pub use idem_runtime::{
     context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,

@@ -40,6 +40,7 @@ mod executor;
 mod fingerprint;
 mod key;
 mod memory;
+pub mod observe;
 mod policy;
 mod record;
 mod replay;

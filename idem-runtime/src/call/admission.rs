@@ -14,6 +14,7 @@ use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, Lease};
 use crate::clock;
 use crate::error::Error;
 use crate::executor::Idempotent;
+use crate::observe;
 use crate::policy::Mode;
 use crate::record::{Record, Status};
 use crate::replay::decode;
@@ -41,6 +42,7 @@ enum Waited<T> {
 impl Call<'_> {
     pub(super) async fn admit<T: DeserializeOwned>(&self, fingerprint: Option<&str>) -> Result<Admitted<T>, Error> {
         let deadline = self.op.wait.map(|wait| Instant::now() + wait);
+        let admitting = Instant::now();
         loop {
             let claimed_at = Instant::now();
             let claim = Claim::new(&self.op.biz, &self.key, clock::now(), self.op.lease, self.op.ttl)
@@ -54,6 +56,10 @@ impl Call<'_> {
             let record = match outcome {
                 ClaimOutcome::Acquired(lease) => {
                     if self.lease_ahead(&lease, claimed_at).await? {
+                        // A takeover keeps the record's life; a fresh record or a new
+                        // life starts at this claim.
+                        let took_over = lease.created_at != claim.now;
+                        observe::claimed(&self.op.biz, lease.fence, took_over, admitting.elapsed());
                         return Ok(Admitted::Claimed(lease));
                     }
                     // Taken over before the body started: nothing ran; claim again.
@@ -77,6 +83,7 @@ impl Call<'_> {
         deadline: Option<Instant>,
     ) -> Result<Waited<T>, Error> {
         let mut pause = WAIT_FIRST_POLL;
+        let mut announced = false;
         loop {
             if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
                 return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
@@ -87,6 +94,9 @@ impl Call<'_> {
             let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));
             };
+            if !std::mem::replace(&mut announced, true) {
+                observe::waiting(&self.op.biz);
+            }
             tokio::time::sleep(pause.min(deadline - Instant::now())).await;
             pause = (pause * 2).min(WAIT_LONGEST_POLL);
             let read = tokio::time::timeout_at(deadline.into(), self.store.get(&self.op.biz, &self.key)).await;

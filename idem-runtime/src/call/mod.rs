@@ -7,14 +7,17 @@ mod outcome;
 pub(crate) mod transaction;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::context::{inside, Context, LeaseSignal};
 use crate::error::{Error, StoreError};
 use crate::executor::Idempotent;
 use crate::key::{biz_problem, key_problem};
+use crate::observe::{self, Outcome};
 use crate::step::StepLog;
 use crate::store::OwnedStore;
 
@@ -38,16 +41,54 @@ impl Call<'_> {
         E: From<Error>,
         F: std::future::Future<Output = Result<T, E>>,
     {
-        let fingerprint = self.check_input()?;
-        let lease = match self.admit(fingerprint).await? {
-            Admitted::Claimed(lease) => lease,
-            Admitted::Replayed(value) => return Ok(value),
+        let span = observe::call_span(&self.op.biz, &self.key);
+        self.run_observed(body, describe).instrument(span).await
+    }
+
+    async fn run_observed<T, E, F>(self, body: F, describe: Describe<E>) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: std::future::Future<Output = Result<T, E>>,
+    {
+        let biz = &*self.op.biz;
+        let refused = |error: Error| {
+            observe::finished(biz, Outcome::refused(&error), None);
+            Err(error.into())
+        };
+        let fingerprint = match self.check_input() {
+            Ok(fingerprint) => fingerprint,
+            Err(error) => return refused(error),
+        };
+        let admitting = Instant::now();
+        let lease = match self.admit(fingerprint).await {
+            Ok(Admitted::Claimed(lease)) => lease,
+            Ok(Admitted::Replayed(value)) => {
+                observe::claim_time(biz, admitting.elapsed());
+                observe::finished(biz, Outcome::Replayed, None);
+                return Ok(value);
+            }
+            Err(error) => {
+                observe::claim_time(biz, admitting.elapsed());
+                return refused(error);
+            }
         };
         let signal = Arc::new(LeaseSignal::default());
         let steps = StepLog::new(self.store.to_owned_store(), lease.clone());
         let context = Context::new(&lease, signal.clone(), Some(Arc::new(steps)));
+        let running = Instant::now();
         let outcome = self.hold(&lease, &signal, context.scope(body)).await;
-        self.record(lease, outcome, describe).await
+        let (ran, kind) = (
+            running.elapsed(),
+            if outcome.is_ok() {
+                Outcome::Executed
+            } else {
+                Outcome::Failed
+            },
+        );
+        let answer = self.record(lease, outcome, describe).await;
+        observe::finished(biz, kind, Some(ran));
+        answer
     }
 
     fn check_input(&self) -> Result<Option<&str>, Error> {
@@ -100,6 +141,7 @@ pub(crate) fn check_input<'o>(op: &'o Idempotent, key: &str) -> Result<Option<&'
 
 /// The store failed at `operation` for `key`.
 pub(crate) fn store_error(op: &Idempotent, key: &str, operation: &'static str, source: StoreError) -> Error {
+    observe::store_failed(&op.biz, operation);
     error_of(op, key, |biz, key| Error::Store {
         biz,
         key,

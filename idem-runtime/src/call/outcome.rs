@@ -312,6 +312,7 @@ impl Call<'_> {
     }
 
     fn lease_lost(&self, lease: &Lease, operation: &'static str) -> Error {
+        crate::observe::lease_lost(&self.op.biz);
         self.error(|biz, key| Error::LeaseLost {
             biz,
             key,

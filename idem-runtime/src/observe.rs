@@ -1,0 +1,160 @@
+//! What an operator sees of the calls: a `tracing` span per call with events at the
+//! turns that matter, and — feature `metrics` — counters and histograms through the
+//! [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! Levels: a healthy call logs nothing above `DEBUG` (the span, the claim, the replay,
+//! a wait, an in-progress answer); `INFO` for what a client did wrong (a payload
+//! mismatch) and for a takeover (a holder died or stalled); `WARN` for lost leases and
+//! store failures.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`), `in_progress`, `payload_mismatch`, `previous_failed`, `store_error`, `invalid` |
+//! | `idem_waits_total` | counter | `biz`: duplicates that waited for a running call |
+//! | `idem_takeovers_total` | counter | `biz`: claims that took a record over after its lease |
+//! | `idem_lease_lost_total` | counter | `biz`: holders whose outcome was refused by the fence |
+//! | `idem_store_errors_total` | counter | `biz`, `operation` (`claim`, `get`, `renew`, `complete`, `fail`, `release`) |
+//! | `idem_claim_seconds` | histogram | `biz`: from the first claim statement to the key held or answered |
+//! | `idem_body_seconds` | histogram | `biz`: the body's run |
+//!
+//! Never labelled by key: keys are unbounded, and can be personal data. In spans the key
+//! is shown as given, or as a hash after [`hash_keys_in_traces`]`(true)`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tracing::field::Empty;
+
+use crate::error::Error;
+
+static HASH_KEYS: AtomicBool = AtomicBool::new(false);
+
+/// Show keys in spans and events as `sha256:<first 16 hex digits>` instead of as
+/// given, process-wide: for keys that hold personal data (an e-mail, a phone number).
+pub fn hash_keys_in_traces(hash: bool) {
+    HASH_KEYS.store(hash, Ordering::Relaxed);
+}
+
+/// The key as spans show it.
+fn shown(key: &str) -> String {
+    if HASH_KEYS.load(Ordering::Relaxed) {
+        let digest = Sha256::digest(key.as_bytes());
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    } else {
+        key.to_owned()
+    }
+}
+
+/// How a call ended, as the `outcome` label and span field say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Executed,
+    Failed,
+    Replayed,
+    Rejected,
+    InProgress,
+    PayloadMismatch,
+    PreviousFailed,
+    StoreError,
+    Invalid,
+}
+
+impl Outcome {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::Failed => "failed",
+            Outcome::Replayed => "replayed",
+            Outcome::Rejected => "rejected",
+            Outcome::InProgress => "in_progress",
+            Outcome::PayloadMismatch => "payload_mismatch",
+            Outcome::PreviousFailed => "previous_failed",
+            Outcome::StoreError => "store_error",
+            Outcome::Invalid => "invalid",
+        }
+    }
+
+    /// The outcome of a call that ended with `error` before its body ran.
+    pub(crate) fn refused(error: &Error) -> Self {
+        match error {
+            Error::Duplicate { .. } => Outcome::Rejected,
+            Error::InProgress { .. } => Outcome::InProgress,
+            Error::PayloadMismatch { .. } => Outcome::PayloadMismatch,
+            Error::PreviousFailed { .. } => Outcome::PreviousFailed,
+            Error::Store { .. } | Error::Decode { .. } => Outcome::StoreError,
+            _ => Outcome::Invalid,
+        }
+    }
+}
+
+/// The span of one call of `biz` for `key`: `fence` and `outcome` are filled in as the
+/// call goes.
+pub(crate) fn call_span(biz: &str, key: &str) -> tracing::Span {
+    let span = tracing::debug_span!("idem.call", biz, key = Empty, fence = Empty, outcome = Empty);
+    if !span.is_disabled() {
+        span.record("key", shown(key).as_str());
+    }
+    span
+}
+
+/// The key is held, with `fence`; `took_over` when the claim took a record over.
+pub(crate) fn claimed(biz: &str, fence: u64, took_over: bool, claiming: Duration) {
+    tracing::Span::current().record("fence", fence);
+    if took_over {
+        tracing::info!(biz, fence, "idem: took the key over after its holder's lease lapsed");
+        #[cfg(feature = "metrics")]
+        metrics::counter!("idem_takeovers_total", "biz" => biz.to_owned()).increment(1);
+    } else {
+        tracing::debug!(biz, fence, "idem: claimed");
+    }
+    claim_time(biz, claiming);
+}
+
+/// How long admission took, to the key held or the call answered.
+pub(crate) fn claim_time(biz: &str, claiming: Duration) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("idem_claim_seconds", "biz" => biz.to_owned()).record(claiming.as_secs_f64());
+    let _ = (biz, claiming);
+}
+
+/// A duplicate waits for the running call.
+pub(crate) fn waiting(biz: &str) {
+    tracing::debug!(biz, "idem: waiting for the running call");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_waits_total", "biz" => biz.to_owned()).increment(1);
+}
+
+/// The call ended with `outcome`; its body ran for `body`, if it ran.
+pub(crate) fn finished(biz: &str, outcome: Outcome, body: Option<Duration>) {
+    let label = outcome.label();
+    tracing::Span::current().record("outcome", label);
+    match outcome {
+        Outcome::PayloadMismatch => tracing::info!(biz, outcome = label, "idem: the key was used with another payload"),
+        Outcome::StoreError => tracing::warn!(biz, outcome = label, "idem: the store failed"),
+        _ => tracing::debug!(biz, outcome = label, "idem: call ended"),
+    }
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("idem_calls_total", "biz" => biz.to_owned(), "outcome" => label).increment(1);
+        if let Some(body) = body {
+            metrics::histogram!("idem_body_seconds", "biz" => biz.to_owned()).record(body.as_secs_f64());
+        }
+    }
+    let _ = body;
+}
+
+/// A store call failed at `operation`.
+pub(crate) fn store_failed(biz: &str, operation: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_store_errors_total", "biz" => biz.to_owned(), "operation" => operation).increment(1);
+    let _ = (biz, operation);
+}
+
+/// A holder's outcome was refused by the fence.
+pub(crate) fn lease_lost(biz: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_lease_lost_total", "biz" => biz.to_owned()).increment(1);
+    let _ = biz;
+}
