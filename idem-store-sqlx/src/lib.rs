@@ -63,6 +63,20 @@ pub use postgres::PostgresStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
 pub use table::DEFAULT_TABLE;
+
+/// How many records of one biz are in one status, and how many of those expired
+/// (purgeable): a row of `stats()` on the SQL stores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BizStatus {
+    /// The business namespace.
+    pub biz: String,
+    /// The status.
+    pub status: idem_runtime::Status,
+    /// Records of this biz in this status.
+    pub records: u64,
+    /// Of those, the ones whose `expires_at` has passed.
+    pub expired: u64,
+}
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use transaction::{
     admit, execute_in, Admitted, BodyFuture, InTransaction, Table, TransactionCall, TransactionDatabase, Write,

@@ -35,6 +35,10 @@ pub(crate) struct Statements {
     pub get: String,
     pub stuck: String,
     pub failed: String,
+    /// Records by biz and status, and how many of them expired.
+    pub stats: String,
+    /// Deletes a `FAIL` record, so the next call runs.
+    pub forget_failed: String,
 }
 
 const HELD: &str = "biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = 'PROCESSING'";
@@ -76,6 +80,13 @@ impl Statements {
             )),
             failed: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > ? ORDER BY completed_at LIMIT ?"
+            )),
+            stats: sql(format!(
+                "SELECT biz_type, status, COUNT(*), COUNT(CASE WHEN expires_at <= ? THEN 1 END) FROM {table} \
+                 GROUP BY biz_type, status ORDER BY biz_type, status"
+            )),
+            forget_failed: sql(format!(
+                "DELETE FROM {table} WHERE biz_type = ? AND idempotent_key = ? AND status = 'FAIL'"
             )),
         }
     }

@@ -29,6 +29,40 @@ macro_rules! impl_store_api {
                 .await
             }
 
+            /// How many records each biz has in each status, and how many of them
+            /// expired (purgeable), for operators: `idem stats`.
+            pub async fn stats(&self) -> Result<Vec<crate::BizStatus>, idem_runtime::StoreError> {
+                let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(&self.parts.sql.stats)
+                    .bind(Self::stamp(idem_runtime::now()))
+                    .fetch_all(&self.parts.pool)
+                    .await
+                    .map_err(|e| crate::row::driver_error("stats", e))?;
+                rows.into_iter()
+                    .map(|(biz, status, records, expired)| {
+                        Ok(crate::BizStatus {
+                            biz,
+                            status: status
+                                .parse()
+                                .map_err(|e| idem_runtime::StoreError::with_source("stats", e))?,
+                            records: u64::try_from(records).unwrap_or(0),
+                            expired: u64::try_from(expired).unwrap_or(0),
+                        })
+                    })
+                    .collect()
+            }
+
+            /// Delete the `FAIL` record of `(biz, key)` so that the next call runs the
+            /// body again; `false` when there was none (no record, or not `FAIL`).
+            pub async fn forget_failed(&self, biz: &str, key: &str) -> Result<bool, idem_runtime::StoreError> {
+                let done = sqlx::query(&self.parts.sql.forget_failed)
+                    .bind(biz)
+                    .bind(key)
+                    .execute(&self.parts.pool)
+                    .await
+                    .map_err(|e| crate::row::driver_error("forget_failed", e))?;
+                Ok(done.rows_affected() > 0)
+            }
+
             async fn list(
                 &self,
                 operation: &'static str,

@@ -1,0 +1,148 @@
+//! The store a URL names, and what each command asks of it.
+
+use std::time::{Duration, SystemTime};
+
+use idem_runtime::{FenceCheck, IdempotencyStore, Lease, Record, StoreError};
+use idem_store_redis::RedisStore;
+use idem_store_sqlx::{BizStatus, MySqlStore, PostgresStore, SqliteStore};
+
+/// One store, by kind: the SQL stores have the operator's lists; every store has the
+/// trait.
+pub enum Store {
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+    MySql(MySqlStore),
+    Redis(RedisStore),
+}
+
+/// Forward one call to the store of whatever kind, as `$store`.
+macro_rules! on_sql {
+    ($self:expr, $store:ident => $call:expr, $what:literal) => {
+        match $self {
+            Store::Sqlite($store) => $call,
+            Store::Postgres($store) => $call,
+            Store::MySql($store) => $call,
+            Store::Redis(_) => Err(StoreError::new(concat!($what, " is not available on Redis"))),
+        }
+    };
+}
+
+impl Store {
+    /// Connect to the store at `url`, on `table` (SQL), without migrating.
+    pub async fn open(url: &str, table: &str) -> Result<Self, String> {
+        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+        let failed = |e: StoreError| format!("{}: {}", redacted(url), chain(&e));
+        let table_set = |e: StoreError| format!("table {table:?}: {}", chain(&e));
+        Ok(match scheme {
+            "sqlite" => Store::Sqlite(
+                SqliteStore::connect(url)
+                    .await
+                    .map_err(failed)?
+                    .with_table_name(table)
+                    .map_err(table_set)?,
+            ),
+            "postgres" | "postgresql" => Store::Postgres(
+                PostgresStore::connect(url)
+                    .await
+                    .map_err(failed)?
+                    .with_table_name(table)
+                    .map_err(table_set)?,
+            ),
+            "mysql" | "mariadb" => Store::MySql(
+                MySqlStore::connect(url)
+                    .await
+                    .map_err(failed)?
+                    .with_table_name(table)
+                    .map_err(table_set)?,
+            ),
+            "redis" | "rediss" => Store::Redis(RedisStore::connect(url).await.map_err(failed)?),
+            "" if url.is_empty() => return Err("no store: give --database-url URL or set DATABASE_URL".to_owned()),
+            other => {
+                return Err(format!(
+                    "{}: unknown kind of store {other:?}; use sqlite://, postgres://, mysql:// or redis://",
+                    redacted(url)
+                ))
+            }
+        })
+    }
+
+    fn shared(&self) -> &dyn IdempotencyStore {
+        match self {
+            Store::Sqlite(store) => store,
+            Store::Postgres(store) => store,
+            Store::MySql(store) => store,
+            Store::Redis(store) => store,
+        }
+    }
+
+    /// The store and table, for messages.
+    pub fn name(&self) -> String {
+        match self {
+            Store::Sqlite(store) => format!("SQLite table {}", store.table_name()),
+            Store::Postgres(store) => format!("PostgreSQL table {}", store.table_name()),
+            Store::MySql(store) => format!("MySQL table {}", store.table_name()),
+            Store::Redis(_) => "Redis".to_owned(),
+        }
+    }
+
+    /// `error` with its causes, and where.
+    pub fn describe(&self, error: &StoreError) -> String {
+        format!("{}: {}", self.name(), chain(error))
+    }
+
+    pub async fn stats(&self) -> Result<Vec<BizStatus>, StoreError> {
+        on_sql!(self, store => store.stats().await, "stats")
+    }
+
+    pub async fn stuck(&self, older_than: Duration, limit: u32) -> Result<Vec<Record>, StoreError> {
+        on_sql!(self, store => store.stuck(older_than, limit).await, "stuck")
+    }
+
+    pub async fn failed(&self, limit: u32) -> Result<Vec<Record>, StoreError> {
+        on_sql!(self, store => store.failed(limit).await, "failed")
+    }
+
+    pub async fn forget_failed(&self, biz: &str, key: &str) -> Result<bool, StoreError> {
+        on_sql!(self, store => store.forget_failed(biz, key).await, "retry-failed")
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        on_sql!(self, store => store.migrate().await, "migrate")
+    }
+
+    pub async fn check(&self) -> Result<(), StoreError> {
+        on_sql!(self, store => store.check_table().await, "check")
+    }
+
+    pub async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.shared().get(biz, key).await
+    }
+
+    pub async fn purge(&self, batch: u64) -> Result<u64, StoreError> {
+        self.shared().purge_expired(SystemTime::now(), batch).await
+    }
+
+    pub async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.shared().release(lease).await
+    }
+}
+
+/// An error and its causes, `: `-joined.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
+/// `url` without its password.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
