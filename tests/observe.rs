@@ -305,3 +305,50 @@ async fn every_counter_after_a_known_mix_of_calls() {
     assert_eq!(histograms.get("idem_body_seconds"), Some(&7), "one per body run");
     assert!(histograms.get("idem_claim_seconds").copied().unwrap_or(0) >= 13);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn transactional_calls_are_counted_too() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let path = std::env::temp_dir().join(format!("idem-observe-{}.db", std::process::id()));
+    let store = idem::SqliteStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let op = Idempotent::new("observe.tx").store(Arc::new(store.clone()));
+    for _ in 0..2 {
+        let mut tx = store.pool().begin().await.unwrap();
+        let value = idem::sql::execute_in(&op, &mut tx, "order-1", |_tx| Box::pin(async { Ok::<_, Error>(7u32) }))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(value, 7);
+    }
+    let counted: HashMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => {
+                let labels: Vec<String> = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                Some((format!("{}{{{}}}", key.key().name(), labels.join(",")), n))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        counted.get("idem_calls_total{biz=observe.tx,outcome=executed}"),
+        Some(&1),
+        "{counted:#?}"
+    );
+    assert_eq!(
+        counted.get("idem_calls_total{biz=observe.tx,outcome=replayed}"),
+        Some(&1)
+    );
+}

@@ -17,6 +17,9 @@
 //! | `idem_claim_seconds` | histogram | `biz`: from the first claim statement to the key held or answered |
 //! | `idem_body_seconds` | histogram | `biz`: the body's run |
 //!
+//! Transactional calls (`tx = …`, `execute_in`) count the same, without a span or the
+//! body histogram (their two halves are separate calls of the caller's).
+//!
 //! Never labelled by key: keys are unbounded, and can be personal data. In spans the key
 //! is shown as given, or as a hash after [`hash_keys_in_traces`]`(true)`.
 

@@ -610,19 +610,18 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
     claim_at("running", now - hour, 2 * hour, Duration::from_secs(1)).await;
 
     let later = now + Duration::from_secs(1);
-    let mut purged = 0;
+    // Another test's purge may share the table and take some of these five first:
+    // what counts is that they are gone, in bounded batches, and nothing live went.
+    let mut batches = 0;
     loop {
         let batch = store.purge_expired(later, 2).await.unwrap();
         assert!(batch <= 2, "batches are bounded");
-        purged += batch;
+        batches += 1;
         if batch == 0 {
             break;
         }
     }
-    assert!(
-        purged >= 5,
-        "this test's five expired records went (others may share the table)"
-    );
+    assert!(batches >= 1);
     for i in 0..5 {
         assert_eq!(store.get(&biz, &format!("old-{i}")).await.unwrap(), None);
     }

@@ -23,6 +23,7 @@ use crate::clock;
 use crate::context::{Context, LeaseSignal};
 use crate::error::{Error, StoreError};
 use crate::executor::Idempotent;
+use crate::observe::{self, Outcome};
 use crate::record::Status;
 
 /// A store bound to one open transaction of the caller: every write goes into it.
@@ -95,6 +96,28 @@ impl Idempotent {
         X: TransactionStore,
         T: DeserializeOwned,
     {
+        let admitting = std::time::Instant::now();
+        let admitted = self.claim_in_transaction(store, key).await;
+        let biz = &*self.biz;
+        match &admitted {
+            Ok(Admission::Claimed(claim)) => observe::claimed(biz, claim.lease.fence, false, admitting.elapsed()),
+            Ok(Admission::Replayed(_)) => {
+                observe::claim_time(biz, admitting.elapsed());
+                observe::finished(biz, Outcome::Replayed, None);
+            }
+            Err(error) => {
+                observe::claim_time(biz, admitting.elapsed());
+                observe::finished(biz, Outcome::refused(error), None);
+            }
+        }
+        admitted
+    }
+
+    async fn claim_in_transaction<X, T>(&self, store: &mut X, key: String) -> Result<Admission<'_, T>, Error>
+    where
+        X: TransactionStore,
+        T: DeserializeOwned,
+    {
         let fingerprint = check_input(self, &key)?;
         let claim = Claim::new(&self.biz, &key, clock::now(), self.lease, self.ttl)
             .with_fingerprint(fingerprint)
@@ -140,6 +163,12 @@ impl TransactionClaim<'_> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
+        let kind = if outcome.is_ok() {
+            Outcome::Executed
+        } else {
+            Outcome::Failed
+        };
+        observe::finished(&self.op.biz, kind, None);
         let (verdict, answer) = judge(self.op, &self.key, outcome, describe);
         let (now, ttl, lease) = (clock::now(), self.op.ttl, &self.lease);
         let written = match &verdict {
