@@ -192,6 +192,56 @@ impl idem::IdempotencyStore for Down {
     }
 }
 
+/// A store that refuses every `complete` as if the key had been taken over: the
+/// holder's outcome is lost.
+#[derive(Debug)]
+struct TakenOver(MemoryStore);
+
+#[async_trait::async_trait]
+impl idem::IdempotencyStore for TakenOver {
+    async fn claim(
+        &self,
+        claim: &idem::store::Claim<'_>,
+    ) -> Result<idem::store::ClaimOutcome, idem::store::StoreError> {
+        self.0.claim(claim).await
+    }
+    async fn renew(
+        &self,
+        lease: &idem::store::Lease,
+        now: std::time::SystemTime,
+        lease_for: Duration,
+    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
+        self.0.renew(lease, now, lease_for).await
+    }
+    async fn complete(
+        &self,
+        _: &idem::store::Lease,
+        _: &str,
+        _: std::time::SystemTime,
+        _: Duration,
+    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
+        Ok(idem::store::FenceCheck::Lost)
+    }
+    async fn fail(
+        &self,
+        lease: &idem::store::Lease,
+        message: &str,
+        now: std::time::SystemTime,
+        ttl: Duration,
+    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
+        self.0.fail(lease, message, now, ttl).await
+    }
+    async fn release(&self, lease: &idem::store::Lease) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
+        self.0.release(lease).await
+    }
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<idem::Record>, idem::store::StoreError> {
+        self.0.get(biz, key).await
+    }
+    async fn purge_expired(&self, now: std::time::SystemTime, limit: u64) -> Result<u64, idem::store::StoreError> {
+        self.0.purge_expired(now, limit).await
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn every_counter_after_a_known_mix_of_calls() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -261,6 +311,10 @@ async fn every_counter_after_a_known_mix_of_calls() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let _: u32 = short.execute("g", async { Ok::<_, Error>(1) }).await.unwrap(); // 1 executed, 1 takeover
 
+    let lost = Idempotent::new(biz).store(Arc::new(TakenOver(MemoryStore::new())));
+    let error: Result<u32, Error> = lost.execute("i", async { Ok(1) }).await;
+    assert!(matches!(error, Err(Error::LeaseLost { .. })), "{error:?}"); // 1 executed, 1 lease lost
+
     let down = Idempotent::new(biz).store(Arc::new(Down));
     let error: Result<u32, Error> = down.execute("h", async { Ok(1) }).await;
     assert!(matches!(error, Err(Error::Store { .. }))); // 1 store_error
@@ -289,7 +343,7 @@ async fn every_counter_after_a_known_mix_of_calls() {
             .get(&format!("idem_calls_total{{biz={biz},outcome={outcome}}}"))
             .copied()
     };
-    assert_eq!(calls("executed"), Some(6), "{counters:#?}");
+    assert_eq!(calls("executed"), Some(7), "{counters:#?}");
     assert_eq!(calls("replayed"), Some(3));
     assert_eq!(calls("rejected"), Some(1));
     assert_eq!(calls("failed"), Some(1));
@@ -298,11 +352,12 @@ async fn every_counter_after_a_known_mix_of_calls() {
     assert_eq!(calls("store_error"), Some(1));
     assert_eq!(counters.get(&format!("idem_waits_total{{biz={biz}}}")), Some(&1));
     assert_eq!(counters.get(&format!("idem_takeovers_total{{biz={biz}}}")), Some(&1));
+    assert_eq!(counters.get(&format!("idem_lease_lost_total{{biz={biz}}}")), Some(&1));
     assert_eq!(
         counters.get(&format!("idem_store_errors_total{{biz={biz},operation=claim}}")),
         Some(&1)
     );
-    assert_eq!(histograms.get("idem_body_seconds"), Some(&7), "one per body run");
+    assert_eq!(histograms.get("idem_body_seconds"), Some(&8), "one per body run");
     assert!(histograms.get("idem_claim_seconds").copied().unwrap_or(0) >= 13);
 }
 
