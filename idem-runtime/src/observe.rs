@@ -31,6 +31,10 @@ use tracing::field::Empty;
 
 use crate::error::Error;
 
+/// A business namespace as the operation holds it: a `&'static str` label costs no
+/// allocation per call.
+type Biz = std::borrow::Cow<'static, str>;
+
 static HASH_KEYS: AtomicBool = AtomicBool::new(false);
 
 /// Show keys in spans and events as `sha256:<first 16 hex digits>` instead of as
@@ -103,61 +107,69 @@ pub(crate) fn call_span(biz: &str, key: &str) -> tracing::Span {
 }
 
 /// The key is held, with `fence`; `took_over` when the claim took a record over.
-pub(crate) fn claimed(biz: &str, fence: u64, took_over: bool, claiming: Duration) {
+pub(crate) fn claimed(biz: &Biz, fence: u64, took_over: bool, claiming: Duration) {
     tracing::Span::current().record("fence", fence);
     if took_over {
-        tracing::info!(biz, fence, "idem: took the key over after its holder's lease lapsed");
+        tracing::info!(
+            biz = &**biz,
+            fence,
+            "idem: took the key over after its holder's lease lapsed"
+        );
         #[cfg(feature = "metrics")]
-        metrics::counter!("idem_takeovers_total", "biz" => biz.to_owned()).increment(1);
+        metrics::counter!("idem_takeovers_total", "biz" => biz.clone()).increment(1);
     } else {
-        tracing::debug!(biz, fence, "idem: claimed");
+        tracing::debug!(biz = &**biz, fence, "idem: claimed");
     }
     claim_time(biz, claiming);
 }
 
 /// How long admission took, to the key held or the call answered.
-pub(crate) fn claim_time(biz: &str, claiming: Duration) {
+pub(crate) fn claim_time(biz: &Biz, claiming: Duration) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("idem_claim_seconds", "biz" => biz.to_owned()).record(claiming.as_secs_f64());
+    metrics::histogram!("idem_claim_seconds", "biz" => biz.clone()).record(claiming.as_secs_f64());
     let _ = (biz, claiming);
 }
 
 /// A duplicate waits for the running call.
-pub(crate) fn waiting(biz: &str) {
-    tracing::debug!(biz, "idem: waiting for the running call");
+pub(crate) fn waiting(biz: &Biz) {
+    tracing::debug!(biz = &**biz, "idem: waiting for the running call");
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_waits_total", "biz" => biz.to_owned()).increment(1);
+    metrics::counter!("idem_waits_total", "biz" => biz.clone()).increment(1);
 }
 
 /// The call ended with `outcome`; its body ran for `body`, if it ran.
-pub(crate) fn finished(biz: &str, outcome: Outcome, body: Option<Duration>) {
+pub(crate) fn finished(biz: &Biz, outcome: Outcome, body: Option<Duration>) {
     let label = outcome.label();
     tracing::Span::current().record("outcome", label);
     match outcome {
-        Outcome::PayloadMismatch => tracing::info!(biz, outcome = label, "idem: the key was used with another payload"),
-        Outcome::StoreError => tracing::warn!(biz, outcome = label, "idem: the store failed"),
-        _ => tracing::debug!(biz, outcome = label, "idem: call ended"),
+        Outcome::PayloadMismatch => tracing::info!(
+            biz = &**biz,
+            outcome = label,
+            "idem: the key was used with another payload"
+        ),
+        Outcome::StoreError => tracing::warn!(biz = &**biz, outcome = label, "idem: the store failed"),
+        _ => tracing::debug!(biz = &**biz, outcome = label, "idem: call ended"),
     }
     #[cfg(feature = "metrics")]
     {
-        metrics::counter!("idem_calls_total", "biz" => biz.to_owned(), "outcome" => label).increment(1);
+        metrics::counter!("idem_calls_total", "biz" => biz.clone(), "outcome" => label).increment(1);
         if let Some(body) = body {
-            metrics::histogram!("idem_body_seconds", "biz" => biz.to_owned()).record(body.as_secs_f64());
+            metrics::histogram!("idem_body_seconds", "biz" => biz.clone()).record(body.as_secs_f64());
         }
     }
     let _ = body;
 }
 
 /// A store call failed at `operation`.
-pub(crate) fn store_failed(biz: &str, operation: &'static str) {
+pub(crate) fn store_failed(biz: &Biz, operation: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_store_errors_total", "biz" => biz.to_owned(), "operation" => operation).increment(1);
+    metrics::counter!("idem_store_errors_total", "biz" => biz.clone(), "operation" => operation).increment(1);
     let _ = (biz, operation);
 }
 
 /// A holder's outcome was refused by the fence.
-pub(crate) fn lease_lost(biz: &str) {
+pub(crate) fn lease_lost(biz: &Biz) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_lease_lost_total", "biz" => biz.to_owned()).increment(1);
+    metrics::counter!("idem_lease_lost_total", "biz" => biz.clone()).increment(1);
     let _ = biz;
 }

@@ -51,7 +51,7 @@ impl Call<'_> {
         E: From<Error>,
         F: std::future::Future<Output = Result<T, E>>,
     {
-        let biz = &*self.op.biz;
+        let biz = &self.op.biz;
         let refused = |error: Error| {
             observe::finished(biz, Outcome::refused(&error), None);
             Err(error.into())

@@ -98,7 +98,7 @@ impl Idempotent {
     {
         let admitting = std::time::Instant::now();
         let admitted = self.claim_in_transaction(store, key).await;
-        let biz = &*self.biz;
+        let biz = &self.biz;
         match &admitted {
             Ok(Admission::Claimed(claim)) => observe::claimed(biz, claim.lease.fence, false, admitting.elapsed()),
             Ok(Admission::Replayed(_)) => {
