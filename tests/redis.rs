@@ -90,19 +90,23 @@ async fn scripts_sent_twice_apply_once() {
             .as_micros()
             .to_string()
     };
-    let mut claim = RedisStore::claim_script().prepare_invoke();
-    claim
-        .key(&key)
-        .arg(micros(now))
-        .arg(micros(now + Duration::from_secs(30)))
-        .arg(micros(now + Duration::from_secs(60)))
-        .arg(micros(now))
-        .arg("")
-        .arg("")
-        .arg("claimant-1")
-        .arg("1000000");
-    let first: Vec<String> = claim.invoke_async(&mut conn).await.unwrap();
-    let again: Vec<String> = claim.invoke_async(&mut conn).await.unwrap();
+    // The claim script's arguments, as `RedisStore::claim_script` documents them.
+    let claim = |claimant: &'static str| {
+        let mut claim = RedisStore::claim_script().prepare_invoke();
+        claim
+            .key(&key)
+            .arg(micros(now))
+            .arg(micros(now + Duration::from_secs(30)))
+            .arg(micros(now + Duration::from_secs(60)))
+            .arg(micros(now))
+            .arg("")
+            .arg("")
+            .arg(claimant)
+            .arg("1000000");
+        claim
+    };
+    let first: Vec<String> = claim("claimant-1").invoke_async(&mut conn).await.unwrap();
+    let again: Vec<String> = claim("claimant-1").invoke_async(&mut conn).await.unwrap();
     assert_eq!(first[0], "ACQUIRED");
     assert_eq!(again, first, "the same claim sent twice is granted once");
     let mut complete = RedisStore::write_script().prepare_invoke();
@@ -126,18 +130,7 @@ async fn scripts_sent_twice_apply_once() {
         .unwrap();
     assert_eq!(fence, first[1], "no second fence");
     // Another claimant's claim is refused by the record the first left.
-    let mut other = RedisStore::claim_script().prepare_invoke();
-    other
-        .key(&key)
-        .arg(micros(now))
-        .arg(micros(now + Duration::from_secs(30)))
-        .arg(micros(now + Duration::from_secs(60)))
-        .arg(micros(now))
-        .arg("")
-        .arg("")
-        .arg("claimant-2")
-        .arg("1000000");
-    let refused: Vec<String> = other.invoke_async(&mut conn).await.unwrap();
+    let refused: Vec<String> = claim("claimant-2").invoke_async(&mut conn).await.unwrap();
     assert_eq!(refused[0], "EXISTING");
 }
 
