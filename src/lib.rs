@@ -336,8 +336,8 @@ pub use idem_runtime::sweeper;
 /// writes under, and the store's own error. Applications need none of it.
 pub mod store {
     pub use idem_runtime::{
-        fingerprints_agree, now, Admission, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, OwnedStore,
-        Record, Status, StoreError, TransactionClaim, TransactionStore, UnknownStatus,
+        fingerprints_agree, now, redacted_url, Admission, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease,
+        OwnedStore, Record, Status, StoreError, TransactionClaim, TransactionStore, UnknownStatus,
     };
 }
 

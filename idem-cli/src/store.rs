@@ -2,6 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use idem_runtime::redacted_url as redacted;
 use idem_runtime::{FenceCheck, IdempotencyStore, Lease, Record, StoreError};
 use idem_store_redis::RedisStore;
 use idem_store_sqlx::{BizStatus, MySqlStore, PostgresStore, SqliteStore};
@@ -137,12 +138,4 @@ fn chain(error: &dyn std::error::Error) -> String {
         cause = next.source();
     }
     text
-}
-
-/// `url` without its password.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
 }

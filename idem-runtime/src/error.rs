@@ -215,3 +215,37 @@ impl StoreError {
         &self.message
     }
 }
+
+/// `url` with its password replaced by `***` (`postgres://idem:***@db/x`), fit for an
+/// error message: what a store names when it cannot connect.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or_default();
+            format!("{scheme}://{name}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redacted_url;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(
+            redacted_url("postgres://idem:secret@db:5432/x"),
+            "postgres://idem:***@db:5432/x"
+        );
+        assert_eq!(
+            redacted_url("redis://:secret@cache:6379/0"),
+            "redis://:***@cache:6379/0"
+        );
+        assert_eq!(redacted_url("postgres://idem@db/x"), "postgres://idem@db/x");
+        assert_eq!(redacted_url("sqlite://data/idem.db"), "sqlite://data/idem.db");
+    }
+}

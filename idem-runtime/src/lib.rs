@@ -62,7 +62,7 @@ pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 pub use clock::now;
 pub use context::{context, Context};
 pub use default_store::{install, installed, IntoSharedStore};
-pub use error::{Error, StoreError};
+pub use error::{redacted_url, Error, StoreError};
 pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
 pub use key::{MAX_BIZ_CHARS, MAX_KEY_BYTES};
 pub use memory::MemoryStore;

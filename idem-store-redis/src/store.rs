@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use idem_runtime::redacted_url as redacted;
 use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
 use redis::aio::ConnectionManagerConfig;
 use redis::Script;
@@ -366,14 +367,6 @@ fn lost_reply(error: &redis::RedisError) -> bool {
 
 fn failed(operation: &str, error: redis::RedisError) -> StoreError {
     StoreError::with_source(format!("Redis failed at {operation}"), error)
-}
-
-/// `url` without its password.
-fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://***@{}", &url[..scheme], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
 }
 
 /// `text` as a literal in a `SCAN MATCH` glob.

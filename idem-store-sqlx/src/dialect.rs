@@ -11,9 +11,10 @@ use sqlx::{Database, Pool};
 use tokio::sync::OnceCell;
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::row::{driver_error, redacted};
+use crate::row::driver_error;
 use crate::statements::Statements;
 use crate::table::{checked_table_name, derived_name, quoted};
+use idem_runtime::redacted_url as redacted;
 
 /// What every SQL store holds.
 pub(crate) struct Parts<DB: Database> {

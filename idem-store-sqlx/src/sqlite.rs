@@ -8,13 +8,14 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 
 use crate::claim::Upserted;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
-use crate::row::{driver_error, granted_lease, redacted, sqlite_text};
+use crate::row::{driver_error, granted_lease, sqlite_text};
 use crate::shape::{Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
 use crate::transaction::{impl_transaction_database, Table};
+use idem_runtime::redacted_url as redacted;
 
 /// The oldest SQLite with `RETURNING` on an upsert.
 const MIN_VERSION: (u32, u32) = (3, 35);
