@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use quick_cache::sync::Cache;
 use quick_cache::Equivalent;
 
-use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
+use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::error::StoreError;
 use crate::record::{Record, Status};
 use crate::store::IdempotencyStore;
@@ -67,11 +67,9 @@ impl<S> CachedStore<S> {
     /// (as the store now holds it), so the duplicates that follow in this process are
     /// answered without a round trip.
     fn finish(&self, lease: &Lease, written: FenceCheck, status: Status, text: &str, now: SystemTime, ttl: Duration) {
-        let slot = SlotRef(&lease.biz, &lease.key);
-        let Some((fence, fingerprint)) = self.running.get(&slot) else {
+        let Some((_, (fence, fingerprint))) = self.running.remove(&SlotRef(&lease.biz, &lease.key)) else {
             return;
         };
-        self.running.remove(&slot);
         if written != FenceCheck::Held || fence != lease.fence {
             return;
         }
@@ -115,19 +113,16 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         let slot = SlotRef(claim.biz, claim.key);
         if let Some(record) = self.finished.get(&slot) {
+            if claim.answered_by(&record) {
+                return Ok(ClaimOutcome::Existing(Record::clone(&record)));
+            }
             if record.is_expired(claim.now) {
                 self.finished.remove(&slot);
-            } else if fingerprints_agree(record.fingerprint.as_deref(), claim.fingerprint) {
-                return Ok(ClaimOutcome::Existing(Record::clone(&record)));
             }
         }
         let outcome = self.inner.claim(claim).await?;
         match &outcome {
-            ClaimOutcome::Existing(record)
-                if record.status != Status::Processing
-                    && !record.is_expired(claim.now)
-                    && fingerprints_agree(record.fingerprint.as_deref(), claim.fingerprint) =>
-            {
+            ClaimOutcome::Existing(record) if claim.answered_by(record) => {
                 self.finished
                     .insert((claim.biz.to_owned(), claim.key.to_owned()), Arc::new(record.clone()));
             }

@@ -89,6 +89,15 @@ impl<'a> Claim<'a> {
         existing.lease_lapsed(self.now) && fingerprints_agree(existing.fingerprint.as_deref(), self.fingerprint)
     }
 
+    /// Whether a copy of `record` (a cache's, a pre-check store's) may answer this claim
+    /// as the store itself would: finished, not expired at the claim's instant, and of
+    /// a payload that agrees.
+    pub fn answered_by(&self, record: &Record) -> bool {
+        record.status != Status::Processing
+            && !record.is_expired(self.now)
+            && fingerprints_agree(record.fingerprint.as_deref(), self.fingerprint)
+    }
+
     /// The record a granted claim leaves behind. A fresh record starts at
     /// [`first_fence`](Self::first_fence); a re-claim after expiry begins a new life
     /// (new `created_at`); a takeover keeps the life and its `created_at`. Both

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
+use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::error::StoreError;
 use crate::record::{Record, Status};
 use crate::store::IdempotencyStore;
@@ -46,13 +46,7 @@ impl<F: IdempotencyStore, B: IdempotencyStore> TieredStore<F, B> {
     /// A finished record of `front` that may answer `claim`.
     async fn precheck(&self, claim: &Claim<'_>) -> Option<Record> {
         match self.front.get(claim.biz, claim.key).await {
-            Ok(Some(record))
-                if record.status != Status::Processing
-                    && !record.is_expired(claim.now)
-                    && fingerprints_agree(record.fingerprint.as_deref(), claim.fingerprint) =>
-            {
-                Some(record)
-            }
+            Ok(Some(record)) if claim.answered_by(&record) => Some(record),
             Ok(_) => None,
             Err(error) => {
                 tracing::warn!(%error, biz = claim.biz, key = claim.key, "pre-check store failed; asking the store that decides");
@@ -92,9 +86,7 @@ impl<F: IdempotencyStore, B: IdempotencyStore> IdempotencyStore for TieredStore<
         }
         let outcome = self.back.claim(claim).await?;
         if let ClaimOutcome::Existing(record) = &outcome {
-            if record.status != Status::Processing
-                && fingerprints_agree(record.fingerprint.as_deref(), claim.fingerprint)
-            {
+            if claim.answered_by(record) {
                 self.mirror(claim, record).await;
             }
         }
