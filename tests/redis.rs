@@ -24,19 +24,7 @@ async fn open_dyn() -> Option<Store> {
 
 conformance_suite!(open_dyn());
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_stores_see_one_record() {
-    if let (Some(a), Some(b)) = (open_dyn().await, open_dyn().await) {
-        conformance::database::two_stores_see_one_record(&a, &b).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn takeover_race_has_one_winner() {
-    if let (Some(a), Some(b)) = (open_dyn().await, open_dyn().await) {
-        conformance::database::takeover_race_has_one_winner(&a, &b).await;
-    }
-}
+shared_store_suite!();
 
 #[tokio::test]
 async fn record_survives_a_reconnect() {

@@ -146,12 +146,10 @@ macro_rules! conformance_suite {
     };
 }
 
-/// Generate the database-only tests. The calling file defines `open()` and
-/// `open_dyn()` (a new store on a new pool, concrete or shared; `None` when the
-/// server is not available), `edit(set, key)` (`UPDATE … SET {set}` on that record, by
-/// hand), `corrupt(key)` (its `response_body` made unreadable) and `unreachable()` (a store whose server cannot be reached).
+/// Two stores on one server, as two processes would have: they see one record, and a
+/// takeover race between them has one winner. The calling file defines `open_dyn()`.
 #[macro_export]
-macro_rules! database_suite {
+macro_rules! shared_store_suite {
     () => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn two_stores_see_one_record() {
@@ -166,6 +164,17 @@ macro_rules! database_suite {
                 $crate::conformance::database::takeover_race_has_one_winner(&a, &b).await;
             }
         }
+    };
+}
+
+/// Generate the database-only tests. The calling file defines `open()` and
+/// `open_dyn()` (a new store on a new pool, concrete or shared; `None` when the
+/// server is not available), `edit(set, key)` (`UPDATE … SET {set}` on that record, by
+/// hand), `corrupt(key)` (its `response_body` made unreadable) and `unreachable()` (a store whose server cannot be reached).
+#[macro_export]
+macro_rules! database_suite {
+    () => {
+        $crate::shared_store_suite!();
 
         #[tokio::test]
         async fn record_survives_a_restart() {
