@@ -106,10 +106,25 @@ async fn scripts_sent_twice_apply_once() {
         .arg("42")
         .arg(micros(now))
         .arg(micros(now + Duration::from_secs(60)))
-        .arg("1000000");
+        .arg("1000000")
+        .arg("writer-1");
     let applied: i64 = complete.invoke_async(&mut conn).await.unwrap();
     let resent: i64 = complete.invoke_async(&mut conn).await.unwrap();
     assert_eq!((applied, resent), (1, 1));
+    // Another write call of the same lease and outcome is not this one sent again.
+    let mut other_writer = RedisStore::write_script().prepare_invoke();
+    other_writer
+        .key(&key)
+        .arg("complete")
+        .arg(&first[1])
+        .arg(&first[2])
+        .arg("42")
+        .arg(micros(now))
+        .arg(micros(now + Duration::from_secs(60)))
+        .arg("1000000")
+        .arg("writer-2");
+    let refused: i64 = other_writer.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(refused, 0);
     let fence: String = redis::cmd("HGET")
         .arg(&key)
         .arg("fence")

@@ -57,7 +57,8 @@ impl RedisFloor {
             .arg(r#"{"charge_id":1,"cents":19900}"#)
             .arg(micros(now))
             .arg(micros(now + Duration::from_secs(86_400)))
-            .arg("86400000000");
+            .arg("86400000000")
+            .arg(key);
         let applied: i64 = complete.invoke_async(&mut conn).await.unwrap();
         assert_eq!(applied, 1);
     }

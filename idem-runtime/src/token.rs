@@ -65,6 +65,9 @@ impl std::fmt::Display for Token {
     }
 }
 
+/// What the record of a consumed token says.
+const SPENT: &str = "\"spent\"";
+
 /// 32 hex digits from the operating system's random source.
 fn random_hex() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 16];
@@ -164,20 +167,14 @@ pub async fn consume_on(store: &dyn IdempotencyStore, biz: &str, token: &str) ->
     if record.lease_lapsed(now) {
         return Err(unknown());
     }
-    // Kept spent until the token would have expired, so a resubmission says so. Each
-    // consumer writes its own mark: a store that answers `Held` to the same write sent
-    // twice (Redis) must not take two consumers for one.
+    // Kept spent until the token would have expired, so a resubmission says so.
     let left = record
         .expires_at
         .duration_since(now)
         .unwrap_or_default()
         .max(Duration::from_secs(1));
-    let mark = format!(
-        "\"spent by {}\"",
-        random_hex().unwrap_or_else(|_| format!("{:?}", std::thread::current().id()))
-    );
     match store
-        .complete(&Lease::of(&record), &mark, now, left)
+        .complete(&Lease::of(&record), SPENT, now, left)
         .await
         .map_err(|e| store_error(biz, token, "consume", e))?
     {

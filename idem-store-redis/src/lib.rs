@@ -19,8 +19,8 @@
 //! the prefix is `idem:` unless [`RedisStore::with_prefix`] says otherwise). Its fields
 //! are the record's columns: `status`, `fence`, `fingerprint`, `request_body`,
 //! `response_body`, `error_message`, `lease_until`, `created_at`, `completed_at`,
-//! `expires_at` (instants in microseconds since the epoch), `steps`, and `claimant`
-//! (the claim call that holds it). The braces are the cluster hash tag: one record is
+//! `expires_at` (instants in microseconds since the epoch), `steps`, `claimant` (the
+//! claim call that holds it) and `written_by` (the write call that finished it). The braces are the cluster hash tag: one record is
 //! one key, on one slot, and no script ever touches two records.
 //!
 //! Every change is one Lua script ([`redis::Script`]: `EVALSHA`, loaded on `NOSCRIPT`):
@@ -42,7 +42,8 @@
 //!   its own. The store resends a script whose reply was lost (up to 3 sends), and every
 //!   script is written to be applied once: a claim recognizes its own claimant and
 //!   answers with the lease it granted; a `complete` or `fail` that finds its own
-//!   outcome recorded answers `Held`.
+//!   write recorded (by the id of the write call, kept as `written_by`) answers
+//!   `Held`. Another call's write of the same lease is refused, as on the SQL stores.
 //! - *Eviction.* Under any `maxmemory-policy` but `noeviction`, Redis may delete live
 //!   records to make room, and a duplicate whose record was evicted runs again.
 //!   [`RedisStore::connect`] and [`RedisStore::connect_cluster`] read the policy of

@@ -174,7 +174,9 @@ impl RedisStore {
     }
 
     /// The holder-write script: `ARGV` what (`complete`, `fail`, `renew`, `release`,
-    /// `steps`), fence, `created_at`, the value, now, expiry, keep (µs).
+    /// `steps`), fence, `created_at`, the value, now, expiry, keep (µs), and an id of
+    /// the write call (a resend with the same id is answered as applied; another
+    /// writer's `complete` of the same lease is not).
     pub fn write_script() -> &'static Script {
         write_script()
     }
@@ -222,7 +224,8 @@ impl RedisStore {
             .arg(value)
             .arg(now.to_string())
             .arg(expires.to_string())
-            .arg(self.keep_us().to_string());
+            .arg(self.keep_us().to_string())
+            .arg(call_id());
         let applied: i64 = self.run(what, (&lease.biz, &lease.key), &invocation).await?;
         Ok(if applied == 1 {
             FenceCheck::Held
@@ -244,7 +247,7 @@ impl IdempotencyStore for RedisStore {
             .arg(claim.first_fence().to_string())
             .arg(claim.fingerprint.unwrap_or(""))
             .arg(claim.request_body.unwrap_or(""))
-            .arg(claimant())
+            .arg(call_id())
             .arg(self.keep_us().to_string());
         let reply: Vec<Vec<u8>> = self.run("claim", (claim.biz, claim.key), &invocation).await?;
         match reply.split_first() {
@@ -352,8 +355,9 @@ impl IdempotencyStore for RedisStore {
     }
 }
 
-/// A claimant id unique to this claim call: a resent claim script recognizes itself.
-fn claimant() -> String {
+/// An id unique to one call of the store (a claim, a holder write): the script sent
+/// again for the same call recognizes itself by it, and only it.
+fn call_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static PROCESS: OnceLock<String> = OnceLock::new();
     let process = PROCESS.get_or_init(|| format!("{}-{}", std::process::id(), micros(SystemTime::now())));
