@@ -1,10 +1,13 @@
 //! What an operator sees: the `tracing` span and events of each call (captured by a
 //! subscriber layer), and every `metrics` counter after a known mix of calls.
 
+mod conformance;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use conformance::faulty::{Fault, FaultyStore, Op};
 use idem::{Error, Idempotent, MemoryStore, Mode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
@@ -146,52 +149,6 @@ async fn keys_can_be_hashed_in_traces() {
     assert!(!format!("{seen:?}").contains("ada@example.com"));
 }
 
-/// A store whose claims fail: store errors are counted by operation.
-#[derive(Debug)]
-struct Down;
-
-#[async_trait::async_trait]
-impl idem::IdempotencyStore for Down {
-    async fn claim(&self, _: &idem::store::Claim<'_>) -> Result<idem::store::ClaimOutcome, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-    async fn renew(
-        &self,
-        _: &idem::store::Lease,
-        _: std::time::SystemTime,
-        _: Duration,
-    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-    async fn complete(
-        &self,
-        _: &idem::store::Lease,
-        _: &str,
-        _: std::time::SystemTime,
-        _: Duration,
-    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-    async fn fail(
-        &self,
-        _: &idem::store::Lease,
-        _: &str,
-        _: std::time::SystemTime,
-        _: Duration,
-    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-    async fn release(&self, _: &idem::store::Lease) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-    async fn get(&self, _: &str, _: &str) -> Result<Option<idem::Record>, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-    async fn purge_expired(&self, _: std::time::SystemTime, _: u64) -> Result<u64, idem::store::StoreError> {
-        Err(idem::store::StoreError::new("down"))
-    }
-}
-
 /// A store that refuses every `complete` as if the key had been taken over: the
 /// holder's outcome is lost.
 #[derive(Debug)]
@@ -315,7 +272,10 @@ async fn every_counter_after_a_known_mix_of_calls() {
     let error: Result<u32, Error> = lost.execute("i", async { Ok(1) }).await;
     assert!(matches!(error, Err(Error::LeaseLost { .. })), "{error:?}"); // 1 executed, 1 lease lost
 
-    let down = Idempotent::new(biz).store(Arc::new(Down));
+    // A claim the store fails: counted as a store error of the claim.
+    let down = FaultyStore::new(&(Arc::new(MemoryStore::new()) as conformance::calls::Store));
+    down.inject(Op::Claim, Fault::Fail, 1);
+    let down = Idempotent::new(biz).store(down.shared());
     let error: Result<u32, Error> = down.execute("h", async { Ok(1) }).await;
     assert!(matches!(error, Err(Error::Store { .. }))); // 1 store_error
 
