@@ -14,7 +14,6 @@ use tokio::sync::OnceCell;
 use crate::row::driver_error;
 use crate::statements::Statements;
 use crate::table::{checked_table_name, derived_name, quoted};
-use idem_runtime::redacted_url as redacted;
 
 /// What every SQL store holds.
 pub(crate) struct Parts<DB: Database> {
@@ -92,8 +91,10 @@ pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError>
 /// opens its file with options of its own.)
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) async fn connect<DB: Database>(url: &str, label: &str) -> Result<Pool<DB>, StoreError> {
-    PoolOptions::<DB>::new()
-        .connect(url)
-        .await
-        .map_err(|e| driver_error(&format!("connecting to {label} at `{}`", redacted(url)), e))
+    PoolOptions::<DB>::new().connect(url).await.map_err(|e| {
+        driver_error(
+            &format!("connecting to {label} at `{}`", idem_runtime::redacted_url(url)),
+            e,
+        )
+    })
 }
