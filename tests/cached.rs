@@ -143,3 +143,60 @@ async fn the_cache_is_bounded() {
     }
     assert!(store.cached() <= 50, "{} cached", store.cached());
 }
+
+/// A holder whose claim was taken over writes nothing, and the cache keeps nothing of
+/// that refused write: the next duplicate gets the new holder's answer.
+#[tokio::test]
+async fn a_refused_write_is_not_cached() {
+    use idem::store::{Claim, ClaimOutcome, FenceCheck};
+    let store = cached_sqlite().await;
+    let key = conformance::unique("stale");
+    let now = idem::store::now();
+    let (lease, ttl) = (Duration::from_secs(1), Duration::from_secs(60));
+    let ClaimOutcome::Acquired(stale) = store.claim(&Claim::new("cached", &key, now, lease, ttl)).await.unwrap() else {
+        panic!("first claim")
+    };
+    let later = now + Duration::from_secs(2);
+    let ClaimOutcome::Acquired(new) = store
+        .claim(&Claim::new("cached", &key, later, lease, ttl))
+        .await
+        .unwrap()
+    else {
+        panic!("takeover")
+    };
+    assert_eq!(
+        store.complete(&stale, "\"stale\"", later, ttl).await.unwrap(),
+        FenceCheck::Lost
+    );
+    assert_eq!(store.cached(), 0, "nothing cached of a refused write");
+    assert_eq!(
+        store.complete(&new, "\"new\"", later, ttl).await.unwrap(),
+        FenceCheck::Held
+    );
+    assert_eq!(store.cached(), 1, "the new holder's record is cached as it was written");
+    delete_rows(&store, &key).await;
+    match store
+        .claim(&Claim::new("cached", &key, later, lease, ttl))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Existing(record) => assert_eq!(record.response_body.as_deref(), Some("\"new\"")),
+        other => panic!("{other:?}"),
+    }
+
+    // A write the store refused for its own holder (its record gone) is not cached.
+    let gone = conformance::unique("gone");
+    let ClaimOutcome::Acquired(holder) = store
+        .claim(&Claim::new("cached", &gone, now, lease, ttl))
+        .await
+        .unwrap()
+    else {
+        panic!("claim")
+    };
+    delete_rows(&store, &gone).await;
+    assert_eq!(
+        store.complete(&holder, "\"lost\"", now, ttl).await.unwrap(),
+        FenceCheck::Lost
+    );
+    assert_eq!(store.cached(), 1, "nothing more cached");
+}

@@ -67,10 +67,12 @@ impl<S> CachedStore<S> {
     /// (as the store now holds it), so the duplicates that follow in this process are
     /// answered without a round trip.
     fn finish(&self, lease: &Lease, written: FenceCheck, status: Status, text: &str, now: SystemTime, ttl: Duration) {
-        let Some((_, (fence, fingerprint))) = self.running.remove(&SlotRef(&lease.biz, &lease.key)) else {
+        // This holder's entry only: a stale holder leaves the new holder's in place.
+        let slot = SlotRef(&lease.biz, &lease.key);
+        let Some((_, (fence, fingerprint))) = self.running.remove_if(&slot, |(fence, _)| *fence == lease.fence) else {
             return;
         };
-        if written != FenceCheck::Held || fence != lease.fence {
+        if written != FenceCheck::Held {
             return;
         }
         let (response_body, error_message) = match status {
