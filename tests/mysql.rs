@@ -1,5 +1,6 @@
 //! The conformance suite on MySQL/MariaDB (`IDEM_TEST_MYSQL_URL`; `.ci/start-databases`
-//! starts a throwaway MariaDB).
+//! starts a throwaway MariaDB), and again through one node of a Galera cluster
+//! (`IDEM_TEST_GALERA_URLS`; `.ci/start-galera`).
 
 mod conformance;
 
@@ -11,38 +12,69 @@ use idem::store::{Claim, ClaimOutcome};
 use idem::IdempotencyStore;
 use idem::MySqlStore;
 
-async fn open() -> Option<MySqlStore> {
-    let url = conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB")?;
-    let store = MySqlStore::connect(&url).await.expect("connect to MariaDB");
+/// A migrated store on the server at the URL in `var` (its first URL when the variable
+/// lists several, comma-separated).
+async fn open_at(var: &str, backend: &str) -> Option<MySqlStore> {
+    let urls = conformance::server_url(var, backend)?;
+    let url = urls.split(',').next().unwrap();
+    let store = MySqlStore::connect(url).await.expect("connect to MariaDB");
     store.migrate().await.expect("migrate");
     Some(store)
 }
 
-async fn open_dyn() -> Option<Store> {
-    Some(Arc::new(open().await?))
+/// What the suites need of a backend, over the `open()` in scope.
+macro_rules! mysql_backend {
+    () => {
+        async fn open_dyn() -> Option<Store> {
+            Some(Arc::new(open().await?))
+        }
+
+        /// Edit a record by hand: `UPDATE idempotent_record SET {set}` on `key`.
+        async fn edit(set: &'static str, key: String) {
+            let store = open().await.unwrap();
+            let sql = format!("UPDATE idempotent_record SET {set} WHERE idempotent_key = ?");
+            idem::sqlx::query(&sql)
+                .bind(key)
+                .execute(store.pool())
+                .await
+                .unwrap();
+        }
+
+        async fn corrupt(key: String) {
+            edit("response_body = 'not json'", key).await;
+        }
+
+        fn unreachable() -> Store {
+            let pool = idem::sqlx::mysql::MySqlPoolOptions::new()
+                .acquire_timeout(Duration::from_secs(2))
+                .connect_lazy("mysql://idem:idem@127.0.0.1:1/idem")
+                .unwrap();
+            Arc::new(MySqlStore::new(pool))
+        }
+
+        conformance_suite!(open_dyn());
+        database_suite!();
+    };
 }
 
-/// Edit a record by hand: `UPDATE idempotent_record SET {set}` on `key`.
-async fn edit(set: &'static str, key: String) {
-    let store = open().await.unwrap();
-    let sql = format!("UPDATE idempotent_record SET {set} WHERE idempotent_key = ?");
-    idem::sqlx::query(&sql).bind(key).execute(store.pool()).await.unwrap();
+async fn open() -> Option<MySqlStore> {
+    open_at("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB").await
 }
 
-async fn corrupt(key: String) {
-    edit("response_body = 'not json'", key).await;
-}
+mysql_backend!();
 
-fn unreachable() -> Store {
-    let pool = idem::sqlx::mysql::MySqlPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(2))
-        .connect_lazy("mysql://idem:idem@127.0.0.1:1/idem")
-        .unwrap();
-    Arc::new(MySqlStore::new(pool))
-}
+/// The same suites through one node of a three-node Galera cluster
+/// (`IDEM_TEST_GALERA_URLS`; `.ci/start-galera` starts one). The cross-node tests are
+/// `tests/galera.rs`.
+mod galera_node {
+    use super::*;
 
-conformance_suite!(open_dyn());
-database_suite!();
+    async fn open() -> Option<MySqlStore> {
+        open_at("IDEM_TEST_GALERA_URLS", "Galera").await
+    }
+
+    mysql_backend!();
+}
 
 /// sqlx reports found rows, so "inserted" and "left unchanged" both say one row:
 /// a claim on a live lease must still be refused, and say whose record it is.

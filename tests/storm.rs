@@ -5,7 +5,8 @@
 //! from one start barrier. The body writes one business row into the same database.
 //! Even keys fail fast on a running duplicate (`InProgress`), odd keys `wait`.
 //! Afterwards: every key has exactly one business row; every `Ok` a caller got is that
-//! row's token; a waiting caller always got it.
+//! row's token; a waiting caller always got it. On a Galera cluster the processes call
+//! through different nodes.
 
 mod conformance;
 mod harness;
@@ -105,9 +106,12 @@ fn storm_worker() {
 static ONE_STORM_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn storm(backend: &str) {
-    let Some(url) = harness::backend_url(backend, "storm") else {
+    let Some(urls) = harness::backend_url(backend, "storm") else {
         return;
     };
+    // A cluster's nodes, comma-separated: worker `i` calls through node `i`.
+    let nodes: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let url = nodes[0].clone();
     let _alone = ONE_STORM_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (processes, tasks, keys) = (
         size("IDEM_STORM_PROCESSES", 4),
@@ -123,15 +127,15 @@ fn storm(backend: &str) {
 
     let started = Instant::now();
     let start_at = harness::epoch_millis() + 2_000;
-    let settings = [
-        ("STORM_URL", url.clone()),
-        ("STORM_RUN", run.clone()),
-        ("STORM_KEYS", keys.to_string()),
-        ("STORM_TASKS", tasks.to_string()),
-        ("STORM_START_AT", start_at.to_string()),
-    ];
     let workers: Vec<_> = (0..processes)
-        .map(|_| {
+        .map(|i| {
+            let settings = [
+                ("STORM_URL", nodes[i % nodes.len()].clone()),
+                ("STORM_RUN", run.clone()),
+                ("STORM_KEYS", keys.to_string()),
+                ("STORM_TASKS", tasks.to_string()),
+                ("STORM_START_AT", start_at.to_string()),
+            ];
             harness::worker("storm", "storm_worker", &settings)
                 .spawn()
                 .expect("start a storm process")
@@ -190,8 +194,9 @@ fn storm(backend: &str) {
         );
     }
     harness::say(&format!(
-        "storm on {backend}: {processes} processes x {tasks} tasks x {keys} keys = {calls} calls in {:.1?}; \
-         {keys} business rows (one per key); {in_progress} InProgress answers; 0 double executions",
+        "storm on {backend} ({} node(s)): {processes} processes x {tasks} tasks x {keys} keys = {calls} calls in \
+         {:.1?}; {keys} business rows (one per key); {in_progress} InProgress answers; 0 double executions",
+        nodes.len(),
         elapsed
     ));
 }
@@ -209,6 +214,13 @@ fn storm_on_postgres() {
 #[test]
 fn storm_on_mysql() {
     storm("mysql");
+}
+
+/// Processes on the three nodes of a Galera cluster, the same keys: claims of one key
+/// on different nodes collide at certification.
+#[test]
+fn storm_on_galera() {
+    storm("galera");
 }
 
 #[test]

@@ -6,37 +6,9 @@ use std::future::Future;
 use idem_runtime::{Claim, ClaimOutcome, Lease, Record, StoreError};
 
 /// How often a claim retries when the record changes between its upsert and its read
-/// (released, purged or expired in between) before giving up with an error.
+/// (released, purged or expired in between), or when the server rolls its upsert back
+/// and nothing stands once it reads, before giving up with an error.
 pub(crate) const CLAIM_ATTEMPTS: usize = 5;
-
-/// How often an upsert the server rolled back as a deadlock is run again.
-const DEADLOCK_ATTEMPTS: u32 = 5;
-
-/// Run `upsert`, again when the server rolled it back to break a deadlock (InnoDB
-/// can, between concurrent upserts of one key): the statement changed nothing, so
-/// running it again is safe.
-pub(crate) async fn upsert_retrying_deadlocks<T, F, Fut>(mut upsert: F) -> Result<T, sqlx::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut attempt = 0;
-    loop {
-        match upsert().await {
-            Err(error) if attempt + 1 < DEADLOCK_ATTEMPTS && is_deadlock(&error) => {
-                attempt += 1;
-                tracing::debug!(%error, attempt, "claim rolled back as a deadlock; running it again");
-                tokio::time::sleep(std::time::Duration::from_millis(u64::from(attempt) * 5)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
-/// SQLSTATE 40001 (serialization failure, InnoDB's deadlock) or 40P01 (PostgreSQL's).
-fn is_deadlock(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
-}
 
 /// What a dialect's claim statement came to.
 pub(crate) enum Upserted {

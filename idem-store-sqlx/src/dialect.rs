@@ -61,6 +61,18 @@ pub(crate) trait Dialect: Sized {
     fn statements(name: &str, table: &str) -> (Statements, String, String);
     fn from_parts(parts: Parts<Self::Db>) -> Self;
     fn into_parts(self) -> Parts<Self::Db>;
+    fn parts(&self) -> &Parts<Self::Db>;
+
+    /// Learn what the statements depend on of the server (once, with the table's
+    /// check): nothing, but on MySQL/MariaDB whether it is a Galera node.
+    fn learn_server(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// The statement `get` runs: the shared one, but on a Galera node a causal read.
+    fn get_statement(&self) -> &str {
+        &self.parts().sql.get
+    }
 }
 
 /// The quoted name of the index or constraint `suffix` of the table `name`, bounded

@@ -33,6 +33,8 @@ mod claim;
 mod dialect;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod rollback;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod row;
 mod shape;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

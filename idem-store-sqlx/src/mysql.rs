@@ -18,6 +18,7 @@
 //! condition's value (see the comment in `build`). A finished record's `lease_until`
 //! is its completion time, never NULL, which that order relies on.
 
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use chrono::NaiveDateTime;
@@ -35,9 +36,19 @@ use crate::table::DEFAULT_TABLE;
 use crate::transaction::{impl_transaction_database, Table};
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
+///
+/// On a MariaDB Galera cluster (any node, or a proxy in front of them) the store needs
+/// no setting of its own: a claim that loses to another node's write of the key (the
+/// server rolls it back at certification, `ERROR 1213`) reads the winner's record and
+/// answers with it, holder writes rolled back that way run again, and every read waits
+/// until the node has applied what the cluster committed before it (`SET STATEMENT
+/// wsrep_sync_wait = 1 FOR SELECT …`), so a duplicate sent to another node replays the
+/// first answer. See `docs/RELIABILITY.md` ("Clusters").
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     parts: Parts<sqlx::MySql>,
+    /// The causal `get` when the server is a Galera node (learned with the table's check).
+    causal_get: Arc<OnceLock<String>>,
 }
 
 /// [`COLUMNS`] with the key columns converted to the connection's character set:
@@ -195,11 +206,15 @@ impl MySqlStore {
     }
 
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let done = crate::claim::upsert_retrying_deadlocks(|| {
-            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp).execute(&self.parts.pool)
-        })
-        .await
+        let done = crate::rollback::lost_race(
+            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
+                .execute(&self.parts.pool)
+                .await,
+        )
         .map_err(|e| driver_error("claim", e))?;
+        let Some(done) = done else {
+            return Ok(Upserted::Refused(None));
+        };
         use idem_runtime::IdempotencyStore;
         Self::upserted(claim, &done, || self.get(claim.biz, claim.key)).await
     }
@@ -210,7 +225,10 @@ impl MySqlStore {
             .execute(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &done, move || Self::read(conn, &table.sql, claim.biz, claim.key)).await
+        Self::upserted(claim, &done, move || {
+            Self::read(conn, &table.sql.get, claim.biz, claim.key)
+        })
+        .await
     }
 
     /// What the claim statement's counts say; a takeover is confirmed by `read`ing the
@@ -335,11 +353,47 @@ impl Dialect for MySqlStore {
     }
 
     fn from_parts(parts: Parts<Self::Db>) -> Self {
-        Self { parts }
+        Self {
+            parts,
+            causal_get: Arc::default(),
+        }
     }
 
     fn into_parts(self) -> Parts<Self::Db> {
         self.parts
+    }
+
+    fn parts(&self) -> &Parts<Self::Db> {
+        &self.parts
+    }
+
+    /// A Galera node (`wsrep_on`) applies other nodes' commits after they return: reads
+    /// wait for them (`wsrep_sync_wait`, per statement on MariaDB; MySQL-based
+    /// clusters have no per-statement form and are told to set it for the session).
+    async fn learn_server(&self) -> Result<(), StoreError> {
+        let settings: Vec<(String, String)> =
+            sqlx::query_as("SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'version')")
+                .fetch_all(&self.parts.pool)
+                .await
+                .map_err(|e| driver_error("reading the server's settings", e))?;
+        let setting = |name: &str| settings.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        if setting("wsrep_on").is_some_and(|on| on.eq_ignore_ascii_case("ON")) {
+            if setting("version").is_some_and(|v| v.contains("MariaDB")) {
+                let _ = self
+                    .causal_get
+                    .set(format!("SET STATEMENT wsrep_sync_wait = 1 FOR {}", self.parts.sql.get));
+            } else {
+                tracing::warn!(
+                    "the MySQL server is a Galera node: set wsrep_sync_wait = 1 for idem's connections, or a \
+                     duplicate sent to another node may see the first call's record late"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn get_statement(&self) -> &str {
+        self.causal_get.get().unwrap_or(&self.parts.sql.get)
     }
 }
 

@@ -169,12 +169,16 @@ impl PostgresStore {
     /// statement returns the record that stood in the way when it refused (as of the
     /// statement's snapshot; a row committed after it is read separately).
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let row = crate::claim::upsert_retrying_deadlocks(|| {
-            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp).fetch_one(&self.parts.pool)
-        })
-        .await
+        let row = crate::rollback::lost_race(
+            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
+                .fetch_one(&self.parts.pool)
+                .await,
+        )
         .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &row)
+        match row {
+            Some(row) => Self::upserted(claim, &row),
+            None => Ok(Upserted::Refused(None)),
+        }
     }
 
     /// The claim statement on a transaction's connection (no deadlock retry: a deadlock
@@ -281,6 +285,10 @@ impl Dialect for PostgresStore {
 
     fn into_parts(self) -> Parts<Self::Db> {
         self.parts
+    }
+
+    fn parts(&self) -> &Parts<Self::Db> {
+        &self.parts
     }
 }
 

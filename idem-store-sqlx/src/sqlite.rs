@@ -214,12 +214,16 @@ impl SqliteStore {
     /// costs every first execution a trip to sqlx's connection thread: measured 1.27×
     /// the floor against 1.06×.)
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let granted = crate::claim::upsert_retrying_deadlocks(|| {
-            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp).fetch_optional(&self.parts.pool)
-        })
-        .await
+        let granted = crate::rollback::lost_race(
+            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
+                .fetch_optional(&self.parts.pool)
+                .await,
+        )
         .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, granted)
+        match granted {
+            Some(granted) => Self::upserted(claim, granted),
+            None => Ok(Upserted::Refused(None)),
+        }
     }
 
     /// The claim statement on a transaction's connection.
@@ -304,6 +308,10 @@ impl Dialect for SqliteStore {
 
     fn into_parts(self) -> Parts<Self::Db> {
         self.parts
+    }
+
+    fn parts(&self) -> &Parts<Self::Db> {
+        &self.parts
     }
 }
 

@@ -92,12 +92,15 @@ macro_rules! impl_store_api {
                 crate::shape::check(&self.parts.sql.table, &columns, &keys, Self::NEEDS)
             }
 
-            /// The table was checked once in this store's life (at `migrate` or the
-            /// first claim).
+            /// The table was checked (and the server's kind learned) once in this store's
+            /// life (at `migrate` or the first claim).
             async fn ensure_table(&self) -> Result<(), idem_runtime::StoreError> {
                 self.parts
                     .table_checked
-                    .get_or_try_init(|| self.check_table())
+                    .get_or_try_init(|| async {
+                        self.check_table().await?;
+                        <Self as crate::dialect::Dialect>::learn_server(self).await
+                    })
                     .await
                     .map(drop)
             }

@@ -31,8 +31,12 @@ macro_rules! impl_idempotency_store {
                 lease_for: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let until = Self::stamp(now + lease_for);
-                let query = sqlx::query(&self.parts.sql.renew).bind(until.clone()).bind(until);
-                Self::write_held(&self.parts.pool, "renew", query, lease).await
+                let renew = || {
+                    sqlx::query(&self.parts.sql.renew)
+                        .bind(until.clone())
+                        .bind(until.clone())
+                };
+                self.write_held_on_pool("renew", renew, lease).await
             }
 
             async fn complete(
@@ -42,8 +46,8 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = Self::finish(&self.parts.sql.complete, response, now, ttl);
-                Self::write_held(&self.parts.pool, "complete", query, lease).await
+                let complete = || Self::finish(&self.parts.sql.complete, response, now, ttl);
+                self.write_held_on_pool("complete", complete, lease).await
             }
 
             async fn fail(
@@ -53,21 +57,24 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = Self::finish(&self.parts.sql.fail, message, now, ttl);
-                Self::write_held(&self.parts.pool, "fail", query, lease).await
+                let fail = || Self::finish(&self.parts.sql.fail, message, now, ttl);
+                self.write_held_on_pool("fail", fail, lease).await
             }
 
             async fn release(
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let mut conn = self
-                    .parts
-                    .pool
-                    .acquire()
-                    .await
-                    .map_err(|e| crate::row::driver_error("release", e))?;
-                Self::release_in(&mut conn, &self.parts.sql, lease).await
+                crate::rollback::retrying(|| async {
+                    let mut conn = self
+                        .parts
+                        .pool
+                        .acquire()
+                        .await
+                        .map_err(|e| crate::row::driver_error("release", e))?;
+                    Self::release_in(&mut conn, &self.parts.sql, lease).await
+                })
+                .await
             }
 
             async fn record_steps(
@@ -75,8 +82,8 @@ macro_rules! impl_idempotency_store {
                 lease: &idem_runtime::Lease,
                 steps: &str,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let query = sqlx::query(&self.parts.sql.record_steps).bind(steps);
-                Self::write_held(&self.parts.pool, "record_steps", query, lease).await
+                let record_steps = || sqlx::query(&self.parts.sql.record_steps).bind(steps);
+                self.write_held_on_pool("record_steps", record_steps, lease).await
             }
 
             fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -88,7 +95,8 @@ macro_rules! impl_idempotency_store {
                 biz: &str,
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
-                Self::read(&self.parts.pool, &self.parts.sql, biz, key).await
+                let get = <Self as crate::dialect::Dialect>::get_statement(self);
+                Self::read(&self.parts.pool, get, biz, key).await
             }
 
             async fn purge_expired(
@@ -101,6 +109,17 @@ macro_rules! impl_idempotency_store {
         }
 
         impl $store {
+            /// A holder write on the store's pool: `query` bound to the lease, run again
+            /// while the server rolls it back (see `rollback.rs`).
+            async fn write_held_on_pool<'q>(
+                &'q self,
+                operation: &'static str,
+                query: impl Fn() -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+                lease: &'q idem_runtime::Lease,
+            ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
+                crate::rollback::retrying(|| Self::write_held(&self.parts.pool, operation, query(), lease)).await
+            }
+
             /// Bind the lease to a holder write and run it on `executor` (the pool, or
             /// the caller's transaction): one row changed means the lease still held.
             async fn write_held<'q, 'e, X>(
@@ -157,18 +176,18 @@ macro_rules! impl_idempotency_store {
                 }
             }
 
-            /// The record of `(biz, key)`, read on `executor` (the pool, or a transaction's
-            /// connection).
+            /// The record of `(biz, key)`, read by `get` (a `get` statement) on `executor`
+            /// (the pool, or a transaction's connection).
             async fn read<'e, X>(
                 executor: X,
-                sql: &crate::statements::Statements,
+                get: &str,
                 biz: &str,
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError>
             where
                 X: sqlx::Executor<'e, Database = $db>,
             {
-                let row = sqlx::query(&sql.get)
+                let row = sqlx::query(get)
                     .bind(biz)
                     .bind(key)
                     .fetch_optional(executor)

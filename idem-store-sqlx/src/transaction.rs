@@ -345,7 +345,7 @@ macro_rules! impl_transaction_database {
                             }
                             crate::claim::Upserted::Refused(Some(record)) => Some(record),
                             crate::claim::Upserted::Refused(None) => {
-                                <$store>::read(&mut *conn, &table.sql, claim.biz, claim.key).await?
+                                <$store>::read(&mut *conn, &table.sql.get, claim.biz, claim.key).await?
                             }
                         };
                         if let Some(existing) = crate::claim::standing(claim, stood) {

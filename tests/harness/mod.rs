@@ -25,6 +25,8 @@ pub enum AppError {
 pub struct Effects {
     pool: AnyPool,
     numbered: bool,
+    /// On a Galera node: reads wait for what the cluster committed before them.
+    causal: bool,
 }
 
 impl Effects {
@@ -51,14 +53,22 @@ impl Effects {
         } else {
             url.to_owned()
         };
-        let effects = Effects {
+        let mut effects = Effects {
             pool: sqlx::any::AnyPoolOptions::new()
                 .acquire_timeout(acquire)
                 .connect(&url)
                 .await
                 .unwrap(),
             numbered: url.starts_with("postgres"),
+            causal: false,
         };
+        if url.starts_with("mysql") {
+            let wsrep: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+                .fetch_optional(&effects.pool)
+                .await
+                .unwrap();
+            effects.causal = wsrep.is_some_and(|(_, on)| on == "ON");
+        }
         // Concurrent CREATE TABLE IF NOT EXISTS can race on PostgreSQL's catalog:
         // tolerate losing that race.
         let created = sqlx::query(
@@ -113,12 +123,13 @@ impl Effects {
 
     /// Every token written in `run`, by key.
     pub async fn tokens(&self, run: &str) -> HashMap<String, Vec<String>> {
-        let rows: Vec<(String, String)> =
-            sqlx::query_as(&self.sql("SELECT k, token FROM storm_effect WHERE run_id = ?"))
-                .bind(run)
-                .fetch_all(&self.pool)
-                .await
-                .unwrap();
+        let select = "SELECT k, token FROM storm_effect WHERE run_id = ?";
+        let select = if self.causal {
+            format!("SET STATEMENT wsrep_sync_wait = 1 FOR {select}")
+        } else {
+            self.sql(select)
+        };
+        let rows: Vec<(String, String)> = sqlx::query_as(&select).bind(run).fetch_all(&self.pool).await.unwrap();
         let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
         for (key, token) in rows {
             by_key.entry(key).or_default().push(token);
@@ -233,6 +244,8 @@ pub fn backend_url(backend: &str, name: &str) -> Option<String> {
         }
         "postgres" => crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
         "redis" => crate::conformance::server_url("IDEM_TEST_REDIS_URL", "Redis"),
+        // One URL per node, comma-separated.
+        "galera" => crate::conformance::server_url("IDEM_TEST_GALERA_URLS", "Galera"),
         _ => crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB"),
     }
 }

@@ -1,0 +1,389 @@
+//! idem across the nodes of a MariaDB Galera cluster (`IDEM_TEST_GALERA_URLS`, one URL
+//! per node; `.ci/start-galera` starts three). The conformance suite through one node
+//! is in `tests/mysql.rs`, the cross-node storm of processes in `tests/storm.rs`.
+//!
+//! Claims of one key on different nodes do not meet at a row lock: each node inserts,
+//! and the cluster's certification lets the first through and rolls the others back
+//! (`ERROR 1213`). The cluster here runs with `wsrep_retry_autocommit=0`, so every such
+//! rollback reaches the store; each test reads the nodes' certification counters and
+//! checks that conflicts happened, so it cannot pass without meeting them.
+
+mod conformance;
+mod harness;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem::sqlx::{self, MySqlPool, Transaction};
+use idem::store::{Claim, ClaimOutcome, FenceCheck};
+use idem::{idempotent, IdempotencyStore, MySqlStore};
+
+/// One store per node.
+async fn nodes() -> Option<Vec<MySqlStore>> {
+    let urls = conformance::server_url("IDEM_TEST_GALERA_URLS", "Galera")?;
+    let mut stores = Vec::new();
+    for url in urls.split(',') {
+        let store = MySqlStore::connect(url).await.expect("connect to a Galera node");
+        store.migrate().await.expect("migrate");
+        stores.push(store);
+    }
+    Some(stores)
+}
+
+/// Certification conflicts and brute-force aborts on every node so far.
+async fn conflicts(nodes: &[MySqlStore]) -> u64 {
+    let mut total = 0;
+    for node in nodes {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_local_cert_failures', 'wsrep_local_bf_aborts')",
+        )
+        .fetch_all(node.pool())
+        .await
+        .unwrap();
+        total += rows.iter().map(|(_, n)| n.parse::<u64>().unwrap()).sum::<u64>();
+    }
+    total
+}
+
+fn claim_of<'a>(biz: &'a str, key: &'a str) -> Claim<'a> {
+    Claim::new(
+        biz,
+        key,
+        idem::store::now(),
+        Duration::from_secs(30),
+        Duration::from_secs(3600),
+    )
+}
+
+/// The same new key claimed on the three nodes at once, two claims per node: one is
+/// granted, every other answers with the winner's record — never a store error. A
+/// rolled-back claim read the record that won.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_claimed_on_every_node_at_once_is_granted_once() {
+    let Some(nodes) = nodes().await else { return };
+    let biz = conformance::unique("galera-claim");
+    let before = conflicts(&nodes).await;
+    let keys = 300;
+    let mut granted = vec![0; keys];
+    for batch in (0..keys).collect::<Vec<_>>().chunks(20) {
+        let mut racers = Vec::new();
+        for &k in batch {
+            for node in nodes.iter().chain(&nodes) {
+                let (node, biz) = (node.clone(), biz.clone());
+                racers.push(tokio::spawn(async move {
+                    let key = format!("k{k}");
+                    (k, node.claim(&claim_of(&biz, &key)).await)
+                }));
+            }
+        }
+        for racer in racers {
+            let (k, outcome) = racer.await.unwrap();
+            match outcome {
+                Ok(ClaimOutcome::Acquired(_)) => granted[k] += 1,
+                Ok(ClaimOutcome::Existing(record)) => {
+                    assert_eq!(record.status, idem::Status::Processing, "key {k}: {record:?}")
+                }
+                Err(error) => panic!("key {k}: a claim that lost the race failed: {error}"),
+            }
+        }
+    }
+    assert!(granted.iter().all(|&n| n == 1), "granted once per key: {granted:?}");
+    let met = conflicts(&nodes).await - before;
+    assert!(
+        met > 0,
+        "the claims met no certification conflict: the test proves nothing"
+    );
+    harness::say(&format!(
+        "galera: {keys} keys claimed 6 times at once on 3 nodes: each granted once, {met} certification \
+         conflicts on the way, 0 errors"
+    ));
+}
+
+/// Holder writes of one lease sent through every node at once collide at
+/// certification: each is run again and finds its lease, so every renewal holds and
+/// the completion lands once — none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holder_writes_rolled_back_by_the_cluster_are_run_again() {
+    let Some(nodes) = nodes().await else { return };
+    let biz = conformance::unique("galera-write");
+    let before = conflicts(&nodes).await;
+    let keys = 100;
+    let mut leases = Vec::new();
+    for k in 0..keys {
+        let key = format!("k{k}");
+        let ClaimOutcome::Acquired(lease) = nodes[0].claim(&claim_of(&biz, &key)).await.unwrap() else {
+            panic!("first claim of {key}")
+        };
+        leases.push(lease);
+    }
+    let mut writes = Vec::new();
+    for lease in &leases {
+        for node in nodes.iter().chain(&nodes) {
+            let (node, lease) = (node.clone(), lease.clone());
+            writes.push(tokio::spawn(async move {
+                node.renew(&lease, idem::store::now(), Duration::from_secs(30)).await
+            }));
+        }
+    }
+    for write in writes {
+        let renewed = write.await.unwrap();
+        assert_eq!(renewed.unwrap(), FenceCheck::Held, "a renewal of a held lease holds");
+    }
+    let mut finishes = Vec::new();
+    for lease in &leases {
+        for (i, node) in nodes.iter().enumerate() {
+            let (node, lease) = (node.clone(), lease.clone());
+            finishes.push(tokio::spawn(async move {
+                let now = idem::store::now();
+                if i == 0 {
+                    (
+                        true,
+                        node.complete(&lease, "\"paid\"", now, Duration::from_secs(3600)).await,
+                    )
+                } else {
+                    (false, node.renew(&lease, now, Duration::from_secs(30)).await)
+                }
+            }));
+        }
+    }
+    for finish in finishes {
+        match finish.await.unwrap() {
+            (true, completed) => assert_eq!(completed.unwrap(), FenceCheck::Held, "the completion lands"),
+            // Before the completion it holds; after it, the record is finished.
+            (false, renewed) => assert!(renewed.is_ok(), "a renewal failed: {renewed:?}"),
+        }
+    }
+    for (k, node) in (0..keys).zip(nodes.iter().cycle()) {
+        let record = node.get(&biz, &format!("k{k}")).await.unwrap().unwrap();
+        assert_eq!(record.status, idem::Status::Succeeded, "read on another node");
+    }
+    let met = conflicts(&nodes).await - before;
+    assert!(
+        met > 0,
+        "the writes met no certification conflict: the test proves nothing"
+    );
+    harness::say(&format!(
+        "galera: {keys} leases renewed 6 times at once and completed through 3 nodes: {met} certification \
+         conflicts, 0 errors"
+    ));
+}
+
+/// A call finished through one node, its duplicates sent at once to the other two:
+/// they replay the first answer (their reads wait for the cluster's commits), never
+/// run the body, never answer `InProgress`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_on_another_node_replays_the_first_answer() {
+    let Some(nodes) = nodes().await else { return };
+    let ops: Vec<_> = nodes
+        .iter()
+        .map(|node| Arc::new(idem::Idempotent::new("galera.replay").store(Arc::new(node.clone()))))
+        .collect();
+    let run = conformance::unique("replay");
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for k in 0..200 {
+        let key = format!("{run}-{k}");
+        let body = |runs: Arc<std::sync::atomic::AtomicUsize>, answer: usize| async move {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, idem::Error>(answer)
+        };
+        let first = ops[k % 3].execute(&key, body(runs.clone(), k)).await.unwrap();
+        let (a, b) = tokio::join!(
+            ops[(k + 1) % 3].execute(&key, body(runs.clone(), usize::MAX)),
+            ops[(k + 2) % 3].execute(&key, body(runs.clone(), usize::MAX)),
+        );
+        assert_eq!((a.unwrap(), b.unwrap()), (first, first), "key {k}");
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 200, "one body per key");
+}
+
+// --- A node killed in the middle of a storm -----------------------------------------
+
+const KILL_KEYS: usize = 4000;
+
+#[idempotent(key = key, biz = "galera.kill", tx = tx, wait = "30s")]
+async fn pay(tx: &mut Transaction<'_, sqlx::MySql>, key: &str, token: &str) -> Result<String, harness::AppError> {
+    sqlx::query("INSERT INTO galera_payment (order_key, token) VALUES (?, ?)")
+        .bind(key)
+        .bind(token)
+        .execute(&mut **tx)
+        .await?;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    Ok(token.to_owned())
+}
+
+/// One payment in its own transaction; the claim, the business row and the record
+/// commit together on the worker's node, or not at all.
+async fn pay_once(pool: &MySqlPool, key: &str, token: &str) -> Result<String, harness::AppError> {
+    let mut tx = pool.begin().await?;
+    let answer = pay(&mut tx, key, token).await?;
+    tx.commit().await?;
+    Ok(answer)
+}
+
+/// A worker on one node: every key in turn (from its own offset, so workers meet on
+/// every key), each retried until it is answered — as an application retries a
+/// transaction the cluster rolled back, or a node that went away.
+#[test]
+fn kill_worker() {
+    let Some(settings) = harness::worker_settings("galera-kill") else {
+        return;
+    };
+    let (url, run) = (settings["KILL_URL"].clone(), settings["KILL_RUN"].clone());
+    let offset: usize = settings["KILL_OFFSET"].parse().unwrap();
+    let token = format!("p{}", std::process::id());
+    harness::worker_runtime().block_on(async {
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_lazy(&url)
+            .unwrap();
+        let (mut errors, mut longest) = (0, Duration::ZERO);
+        for i in 0..KILL_KEYS {
+            let key = format!("{run}-{}", (i + offset) % KILL_KEYS);
+            let started = Instant::now();
+            let answer = loop {
+                match pay_once(&pool, &key, &token).await {
+                    Ok(answer) => break answer,
+                    Err(error) => {
+                        errors += 1;
+                        assert!(started.elapsed() < Duration::from_secs(90), "{key}: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            };
+            longest = longest.max(started.elapsed());
+            harness::report(&format!("DONE {key} {answer}"));
+        }
+        harness::report(&format!("ERRORS {errors} LONGEST_MS {}", longest.as_millis()));
+    });
+}
+
+/// Six workers, two per node, pay the same keys in transactional mode; one node's
+/// `mariadbd` is SIGKILLed mid-storm and started again a few seconds later. Every key
+/// has one business row, every answer is that row, nothing is left `PROCESSING`, the
+/// workers on the surviving nodes never stop, and the killed node rejoins.
+#[test]
+fn a_node_killed_mid_storm_runs_nothing_twice() {
+    let Some(urls) = harness::backend_url("galera", "kill") else {
+        return;
+    };
+    let urls: Vec<String> = urls.split(',').map(str::to_owned).collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let first = runtime.block_on(async {
+        let store = MySqlStore::connect(&urls[0]).await.unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS galera_payment (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             order_key VARCHAR(255) NOT NULL, token VARCHAR(64) NOT NULL)",
+        )
+        .execute(store.pool())
+        .await
+        .unwrap();
+        store
+    });
+    let run = conformance::unique("kill");
+    let started = Instant::now();
+    let workers: Vec<_> = (0..6)
+        .map(|i| {
+            let settings = [
+                ("KILL_URL", urls[i % 3].clone()),
+                ("KILL_RUN", run.clone()),
+                ("KILL_OFFSET", (i * KILL_KEYS / 6).to_string()),
+            ];
+            (
+                i % 3,
+                harness::worker("galera-kill", "kill_worker", &settings)
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    // Node 3 dies with its clients' transactions in flight, and comes back.
+    std::thread::sleep(Duration::from_millis(1500));
+    galera("kill-node", 3);
+    let killed_at = started.elapsed();
+    std::thread::sleep(Duration::from_secs(4));
+    galera("start-node", 3);
+    let rejoined_at = started.elapsed();
+
+    let mut answers: Vec<(String, String)> = Vec::new();
+    let mut report = Vec::new();
+    for (node, worker) in workers {
+        let output = worker.wait_with_output().unwrap();
+        assert!(output.status.success(), "a worker on node {} failed", node + 1);
+        let out = String::from_utf8(output.stdout).unwrap();
+        let done: Vec<_> = out
+            .lines()
+            .filter_map(|line| line.strip_prefix("DONE "))
+            .filter_map(|rest| rest.split_once(' '))
+            .map(|(key, token)| (key.to_owned(), token.to_owned()))
+            .collect();
+        assert_eq!(
+            done.len(),
+            KILL_KEYS,
+            "a worker on node {} answered every key",
+            node + 1
+        );
+        answers.extend(done);
+        let summary = out.lines().find(|line| line.starts_with("ERRORS ")).unwrap().to_owned();
+        if node == 2 {
+            assert!(
+                !summary.starts_with("ERRORS 0 "),
+                "the storm was over before node 3 died: the test proves nothing ({summary})"
+            );
+        }
+        report.push(format!("node {}: {summary}", node + 1));
+    }
+    let elapsed = started.elapsed();
+
+    runtime.block_on(async {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SET STATEMENT wsrep_sync_wait = 1 FOR SELECT order_key, token FROM galera_payment WHERE order_key LIKE ?",
+        )
+        .bind(format!("{run}-%"))
+        .fetch_all(first.pool())
+        .await
+        .unwrap();
+        let mut by_key: HashMap<String, Vec<String>> = HashMap::new();
+        for (key, token) in rows {
+            by_key.entry(key).or_default().push(token);
+        }
+        assert_eq!(by_key.len(), KILL_KEYS, "every key has its business row");
+        for (key, tokens) in &by_key {
+            assert_eq!(tokens.len(), 1, "key {key} ran {} times: {tokens:?}", tokens.len());
+        }
+        for (key, token) in &answers {
+            assert_eq!(&by_key[key][0], token, "the answer for {key} is its row");
+        }
+        let processing: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idempotent_record WHERE biz_type = 'galera.kill' AND idempotent_key LIKE ? \
+             AND status = 'PROCESSING'",
+        )
+        .bind(format!("{run}-%"))
+        .fetch_one(first.pool())
+        .await
+        .unwrap();
+        assert_eq!(processing, 0, "no record is left PROCESSING");
+        let size: (String, String) = sqlx::query_as("SHOW STATUS LIKE 'wsrep_cluster_size'")
+            .fetch_one(first.pool())
+            .await
+            .unwrap();
+        assert_eq!(size.1, "3", "the killed node rejoined");
+    });
+    harness::say(&format!(
+        "galera kill: 6 workers (2 per node) x {KILL_KEYS} keys in {elapsed:.1?}; node 3 SIGKILLed at \
+         {killed_at:.1?}, rejoined at {rejoined_at:.1?}; one business row per key, 0 PROCESSING; retried errors \
+         by worker: {}",
+        report.join(", ")
+    ));
+}
+
+/// `.ci/start-galera <command> <node>`.
+fn galera(command: &str, node: usize) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/start-galera");
+    let status = std::process::Command::new("bash")
+        .args([script, command, &node.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "start-galera {command} {node}");
+}
