@@ -197,6 +197,49 @@ async fn a_duplicate_on_another_node_replays_the_first_answer() {
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 200, "one body per key");
 }
 
+/// A node busy applying a large transaction of another node's answers a duplicate
+/// after it has applied the first call's completion too: a claim on it right after the
+/// completion returned on the first node sees `SUCCESS`, not the claim's `PROCESSING`
+/// (on loopback a node otherwise applies faster than the test can look).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lagging_node_answers_with_the_finished_record() {
+    let Some(nodes) = nodes().await else { return };
+    sqlx::query("CREATE TABLE IF NOT EXISTS galera_ballast (id BIGINT AUTO_INCREMENT PRIMARY KEY, pad TEXT NOT NULL)")
+        .execute(nodes[0].pool())
+        .await
+        .unwrap();
+    let biz = conformance::unique("galera-lag");
+    for round in 0..5 {
+        let key = format!("k{round}");
+        let ClaimOutcome::Acquired(lease) = nodes[0].claim(&claim_of(&biz, &key)).await.unwrap() else {
+            panic!("first claim")
+        };
+        // Node 2 has the claim; then gets a large write set to apply, and the completion after it.
+        assert!(nodes[1].get(&biz, &key).await.unwrap().is_some());
+        sqlx::query("INSERT INTO galera_ballast (pad) SELECT REPEAT('x', 200) FROM seq_1_to_100000")
+            .execute(nodes[0].pool())
+            .await
+            .unwrap();
+        let now = idem::store::now();
+        let done = nodes[0]
+            .complete(&lease, "\"paid\"", now, Duration::from_secs(3600))
+            .await;
+        assert_eq!(done.unwrap(), FenceCheck::Held);
+        match nodes[1].claim(&claim_of(&biz, &key)).await.unwrap() {
+            ClaimOutcome::Existing(record) => assert_eq!(
+                record.status,
+                idem::Status::Succeeded,
+                "round {round}: the duplicate saw the record before its completion"
+            ),
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    sqlx::query("DELETE FROM galera_ballast")
+        .execute(nodes[0].pool())
+        .await
+        .unwrap();
+}
+
 // --- A node killed in the middle of a storm -----------------------------------------
 
 const KILL_KEYS: usize = 4000;
