@@ -359,12 +359,20 @@ async fn backends() -> Vec<Backend> {
             redis_floor: None,
         });
     }
-    if let Ok(url) = std::env::var("IDEM_TEST_MYSQL_URL") {
-        let store = idem::MySqlStore::connect(&url).await.unwrap();
+    // MariaDB alone, and one node of a Galera cluster (its first URL): certification at
+    // every commit, causal reads on replays.
+    for (var, name) in [
+        ("IDEM_TEST_MYSQL_URL", "MariaDB"),
+        ("IDEM_TEST_GALERA_URLS", "Galera node"),
+    ] {
+        let Ok(urls) = std::env::var(var) else { continue };
+        let store = idem::MySqlStore::connect(urls.split(',').next().unwrap())
+            .await
+            .unwrap();
         store.migrate().await.unwrap();
         let floor = Floor::MySql(store.clone());
         backends.push(Backend {
-            name: "MariaDB",
+            name,
             store: Arc::new(store),
             floor: Some(floor),
             redis_floor: None,
