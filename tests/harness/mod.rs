@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod failover;
+
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -248,4 +250,27 @@ pub fn backend_url(backend: &str, name: &str) -> Option<String> {
         "galera" => crate::conformance::server_url("IDEM_TEST_GALERA_URLS", "Galera"),
         _ => crate::conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB"),
     }
+}
+
+/// A database's address, as a service reaches it (a virtual IP, a proxy, a DNS name):
+/// connections to the returned port are forwarded to the port in `target`, read at
+/// each new connection. A failover points it at another server.
+pub async fn forwarder(target: std::sync::Arc<std::sync::atomic::AtomicU16>) -> u16 {
+    use tokio::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                continue;
+            };
+            let target = target.load(std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut server) = TcpStream::connect(("127.0.0.1", target)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    port
 }

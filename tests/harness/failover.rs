@@ -1,0 +1,116 @@
+//! A storm of calls that goes on through a failover: tasks call the same keys, each call
+//! retried until answered (as a client retries an error); what every body that finished
+//! returned, and what every caller got, is kept to be checked afterwards.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::{IdempotencyStore, Idempotent};
+
+/// What a storm saw.
+#[derive(Default)]
+pub struct Storm {
+    /// What each body that finished returned, by key.
+    finished: Mutex<HashMap<usize, Vec<String>>>,
+    /// What each caller got.
+    answers: Mutex<Vec<(usize, String)>>,
+    /// Calls that failed (and were retried).
+    pub errors: AtomicUsize,
+}
+
+impl Storm {
+    /// `tasks` tasks call `keys` keys (`k0`, `k1`, …) through `op`: two tasks start on
+    /// each key together, the others meet it later. An error is retried after 50 ms, for
+    /// up to a minute per key.
+    pub fn start(op: Arc<Idempotent>, tasks: usize, keys: usize) -> (Arc<Storm>, Vec<tokio::task::JoinHandle<()>>) {
+        let storm = Arc::new(Storm::default());
+        let handles = (0..tasks)
+            .map(|task| {
+                let (op, storm) = (op.clone(), storm.clone());
+                tokio::spawn(async move {
+                    for i in 0..keys {
+                        let k = (i + task / 2 * keys / (tasks / 2).max(1)) % keys;
+                        storm.call(&op, k, format!("{task}.{k}")).await;
+                    }
+                })
+            })
+            .collect();
+        (storm, handles)
+    }
+
+    async fn call(self: &Arc<Self>, op: &Idempotent, k: usize, token: String) {
+        let since = Instant::now();
+        loop {
+            let (storm, token) = (self.clone(), token.clone());
+            let outcome: Result<String, idem::Error> = op
+                .execute(&format!("k{k}"), async move {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    storm.finished.lock().unwrap().entry(k).or_default().push(token.clone());
+                    Ok(token)
+                })
+                .await;
+            match outcome {
+                Ok(answer) => {
+                    self.answers.lock().unwrap().push((k, answer));
+                    return;
+                }
+                Err(idem::Error::InProgress { .. }) => {}
+                Err(error) => {
+                    self.errors.fetch_add(1, Ordering::SeqCst);
+                    assert!(since.elapsed() < Duration::from_secs(60), "key {k}: {error}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Answers given so far.
+    pub fn answered(&self) -> usize {
+        self.answers.lock().unwrap().len()
+    }
+
+    /// Wait for every task, failing past `bound` (a commit waiting forever would hang it).
+    pub async fn join(handles: Vec<tokio::task::JoinHandle<()>>, bound: Duration) {
+        tokio::time::timeout(bound, async {
+            for handle in handles {
+                handle.await.unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the storm did not end within {bound:?}"));
+    }
+
+    /// Every call was answered; every key's body finished once; every answer is what
+    /// that body returned; `store` (read after the failover) holds it as `SUCCESS`.
+    pub async fn check(&self, tasks: usize, keys: usize, biz: &str, store: &dyn IdempotencyStore) {
+        let finished = self.finished.lock().unwrap().clone();
+        let answers = self.answers.lock().unwrap().clone();
+        assert_eq!(answers.len(), tasks * keys, "every call was answered in the end");
+        for k in 0..keys {
+            let runs = finished.get(&k).map(Vec::as_slice).unwrap_or_default();
+            assert_eq!(
+                runs.len(),
+                1,
+                "key {k}: the body finished {} times: {runs:?}",
+                runs.len()
+            );
+        }
+        for (k, answer) in &answers {
+            assert_eq!(
+                answer, &finished[k][0],
+                "key {k}: a caller got another answer than the body's"
+            );
+        }
+        for k in 0..keys {
+            let record = store.get(biz, &format!("k{k}")).await.unwrap().expect("record kept");
+            assert_eq!(record.status, idem::Status::Succeeded, "key {k}");
+            assert_eq!(
+                record.response_body,
+                Some(format!("\"{}\"", finished[&k][0])),
+                "key {k}"
+            );
+        }
+    }
+}
