@@ -19,8 +19,9 @@ pub(crate) enum Upserted {
 }
 
 /// Run `upsert` (one atomic statement); when it refused without saying what stood in
-/// the way, `read` the record. A record that vanished or became claimable in between
-/// sends the claim round again, a bounded number of times — never a guess.
+/// the way — or the server rolled it back, another writer of the key coming first
+/// (`rollback.rs`) — `read` the record. A record that vanished or became claimable in
+/// between sends the claim round again, a bounded number of times — never a guess.
 pub(crate) async fn claim_or_read<U, UF, R, RF>(
     claim: &Claim<'_>,
     mut upsert: U,
