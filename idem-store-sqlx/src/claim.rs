@@ -34,10 +34,12 @@ where
     RF: Future<Output = Result<Option<Record>, StoreError>>,
 {
     for _ in 0..CLAIM_ATTEMPTS {
-        let stood = match upsert().await? {
-            Upserted::Granted(lease) => return Ok(ClaimOutcome::Acquired(lease)),
-            Upserted::Refused(Some(record)) => Some(record),
-            Upserted::Refused(None) => read().await?,
+        let stood = match upsert().await {
+            Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
+            Ok(Upserted::Refused(Some(record))) => Some(record),
+            Ok(Upserted::Refused(None)) => read().await?,
+            Err(error) if crate::rollback::lost_race(&error) => read().await?,
+            Err(error) => return Err(error),
         };
         if let Some(existing) = standing(claim, stood) {
             return Ok(existing);

@@ -206,15 +206,10 @@ impl MySqlStore {
     }
 
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let done = crate::rollback::lost_race(
-            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
-                .execute(&self.parts.pool)
-                .await,
-        )
-        .map_err(|e| driver_error("claim", e))?;
-        let Some(done) = done else {
-            return Ok(Upserted::Refused(None));
-        };
+        let done = bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
+            .execute(&self.parts.pool)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
         use idem_runtime::IdempotencyStore;
         Self::upserted(claim, &done, || self.get(claim.biz, claim.key)).await
     }

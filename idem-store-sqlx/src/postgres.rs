@@ -169,16 +169,11 @@ impl PostgresStore {
     /// statement returns the record that stood in the way when it refused (as of the
     /// statement's snapshot; a row committed after it is read separately).
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let row = crate::rollback::lost_race(
-            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
-                .fetch_one(&self.parts.pool)
-                .await,
-        )
-        .map_err(|e| driver_error("claim", e))?;
-        match row {
-            Some(row) => Self::upserted(claim, &row),
-            None => Ok(Upserted::Refused(None)),
-        }
+        let row = bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
+            .fetch_one(&self.parts.pool)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        Self::upserted(claim, &row)
     }
 
     /// The claim statement on a transaction's connection (no deadlock retry: a deadlock

@@ -26,21 +26,18 @@ const WRITE_ATTEMPTS: u32 = 8;
 
 /// SQLSTATE 40001 (serialization failure: InnoDB's deadlock, Galera's certification
 /// conflict, PostgreSQL's serializable conflict) or 40P01 (PostgreSQL's deadlock).
-pub(crate) fn is_rollback(error: &sqlx::Error) -> bool {
+fn is_rollback(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
 }
 
-/// The claim statement's result, `None` when the server rolled it back: the claim
-/// lost the race to another writer of the key.
-pub(crate) fn lost_race<T>(result: Result<T, sqlx::Error>) -> Result<Option<T>, sqlx::Error> {
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(error) if is_rollback(&error) => {
-            tracing::debug!(%error, "claim rolled back: another writer of the key came first");
-            Ok(None)
-        }
-        Err(error) => Err(error),
+/// Whether the claim statement that failed with `error` was rolled back by the
+/// server: the claim lost the race to another writer of the key.
+pub(crate) fn lost_race(error: &StoreError) -> bool {
+    let lost = caused_by(error, is_rollback);
+    if lost {
+        tracing::debug!(%error, "claim rolled back: another writer of the key came first");
     }
+    lost
 }
 
 /// Run the holder write `write` again while the server rolls it back, a bounded

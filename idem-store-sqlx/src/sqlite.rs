@@ -214,16 +214,11 @@ impl SqliteStore {
     /// costs every first execution a trip to sqlx's connection thread: measured 1.27×
     /// the floor against 1.06×.)
     async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let granted = crate::rollback::lost_race(
-            bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
-                .fetch_optional(&self.parts.pool)
-                .await,
-        )
-        .map_err(|e| driver_error("claim", e))?;
-        match granted {
-            Some(granted) => Self::upserted(claim, granted),
-            None => Ok(Upserted::Refused(None)),
-        }
+        let granted = bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
+            .fetch_optional(&self.parts.pool)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        Self::upserted(claim, granted)
     }
 
     /// The claim statement on a transaction's connection.
