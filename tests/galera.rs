@@ -442,17 +442,7 @@ async fn a_node_lost_behind_its_address_loses_no_answer() {
     let Some(urls) = conformance::server_url("IDEM_TEST_GALERA_URLS", "Galera") else {
         return;
     };
-    let port = |url: &str| -> u16 {
-        url.rsplit(':')
-            .next()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let ports: Vec<u16> = urls.split(',').map(port).collect();
+    let ports: Vec<u16> = urls.split(',').map(harness::url_port).collect();
     let target = Arc::new(AtomicU16::new(ports[2]));
     let address = harness::forwarder(target.clone()).await;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
@@ -499,10 +489,5 @@ async fn a_node_lost_behind_its_address_loses_no_answer() {
 
 /// `.ci/start-galera <command> <node>`.
 fn galera(command: &str, node: usize) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/start-galera");
-    let status = std::process::Command::new("bash")
-        .args([script, command, &node.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "start-galera {command} {node}");
+    harness::ci_script("start-galera", &[command, &node.to_string()]);
 }

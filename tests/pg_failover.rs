@@ -23,27 +23,12 @@ const TASKS: usize = 8;
 
 /// `.ci/start-pg-standby [command]`; what it printed.
 fn pair(command: &str) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/start-pg-standby");
-    let output = std::process::Command::new("bash")
-        .arg(script)
-        .args((!command.is_empty()).then_some(command))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "start-pg-standby {command}");
-    String::from_utf8(output.stdout).unwrap()
+    let args: &[&str] = if command.is_empty() { &[] } else { &[command] };
+    harness::ci_script("start-pg-standby", args)
 }
 
 fn port_of(exports: &str, var: &str) -> u16 {
-    let line = exports.lines().find(|line| line.contains(var)).unwrap();
-    line.rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    harness::url_port(exports.lines().find(|line| line.contains(var)).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

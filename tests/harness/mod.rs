@@ -274,3 +274,25 @@ pub async fn forwarder(target: std::sync::Arc<std::sync::atomic::AtomicU16>) -> 
     });
     port
 }
+
+/// Run the project's script `.ci/<script>` with `args`; what it printed on stdout.
+pub fn ci_script(script: &str, args: &[&str]) -> String {
+    let path = format!("{}/.ci/{script}", env!("CARGO_MANIFEST_DIR"));
+    let output = Command::new("bash")
+        .arg(&path)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{script} {args:?} failed");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The port of a database URL (`scheme://user@host:PORT/db`).
+pub fn url_port(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"))
+}
