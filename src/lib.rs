@@ -103,10 +103,12 @@
 //! run again). Floats replay with their exact bits. `T` must therefore serialize to
 //! JSON (map keys as strings) and deserialize back to an equal value.
 //!
-//! Equal payloads fingerprint equal: the fingerprint is SHA-256 over serde's data model
-//! with map and struct fields sorted, every sequence sorted (a `HashSet` in any order,
-//! and so `[1, 2]` and `[2, 1]` are one payload; tuples and arrays keep their order),
-//! integers of any width (`u128` included). The payload's JSON (up to
+//! Equal payloads fingerprint equal, different payloads differ: the fingerprint is
+//! SHA-256 over serde's data model with map and struct fields sorted, lists in their
+//! order (`[1, 2]` and `[2, 1]` are two payloads: reordered payees are another
+//! request), integers of any width (`u128` included). serde cannot tell a set from a
+//! list: mark a `HashSet`, or a `Vec` whose order means nothing, with [`Unordered`] or
+//! `#[serde(serialize_with = "idem::unordered")]` (a `BTreeSet` is sorted already). The payload's JSON (up to
 //! [`MAX_REQUEST_BODY`]) is kept in `request_body` for reconciliation.
 //!
 //! ## Faults, and what each does
@@ -315,10 +317,12 @@
 
 pub use idem_macros::idempotent;
 pub use idem_runtime::observe;
+pub use idem_runtime::repair;
 pub use idem_runtime::token;
+pub use idem_runtime::unordered;
 pub use idem_runtime::{
     context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,
-    Mode, OnError, Record, Status, TieredStore, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
+    Mode, OnError, Record, Status, TieredStore, Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
     MAX_REQUEST_BODY,
 };
 

@@ -15,12 +15,14 @@ use crate::store::IdempotencyStore;
 
 type Slot = (String, String);
 
-/// Wraps a store and answers duplicates of finished calls from process memory.
+/// Wraps a store and answers duplicates of succeeded calls from process memory.
 ///
-/// A finished record is cached when a claim finds it in the store, and when a call
+/// A succeeded record is cached when a claim finds it in the store, and when a call
 /// claimed through the cache writes its outcome (the record it wrote, as written).
-/// Only finished records (`SUCCESS`, `FAIL`) are cached: they do not change until they
-/// expire, in any process, so a cached copy is as good as the row. A claim never
+/// Only `SUCCESS` records are cached: they do not change until they expire, in any
+/// process, so a cached copy is as good as the row. A `FAIL` record is always read
+/// from the store, because an operator may delete it there (`idem retry-failed`) so
+/// that the next call runs again. A claim never
 /// trusts an entry past its record's `expires_at` (it is dropped there and then), the
 /// cache is bounded by `capacity` records (the least used go first), a `PROCESSING`
 /// record is never cached, and a cached record is served only to a claim whose payload
@@ -63,31 +65,28 @@ impl<S: IdempotencyStore> CachedStore<S> {
 }
 
 impl<S> CachedStore<S> {
-    /// A call claimed through this cache wrote its outcome: cache the record it made
-    /// (as the store now holds it), so the duplicates that follow in this process are
-    /// answered without a round trip.
-    fn finish(&self, lease: &Lease, written: FenceCheck, status: Status, text: &str, now: SystemTime, ttl: Duration) {
+    /// A call claimed through this cache wrote its outcome: cache the record a success
+    /// made (as the store now holds it), so the duplicates that follow in this process
+    /// are answered without a round trip. A failure (`response` `None`) is not cached:
+    /// an operator may delete it in the store so that the next call runs again.
+    fn finish(&self, lease: &Lease, written: FenceCheck, response: Option<&str>, now: SystemTime, ttl: Duration) {
         // This holder's entry only: a stale holder leaves the new holder's in place.
         let slot = SlotRef(&lease.biz, &lease.key);
         let Some((_, (fence, fingerprint))) = self.running.remove_if(&slot, |(fence, _)| *fence == lease.fence) else {
             return;
         };
-        if written != FenceCheck::Held {
+        let (FenceCheck::Held, Some(response)) = (written, response) else {
             return;
-        }
-        let (response_body, error_message) = match status {
-            Status::Succeeded => (Some(text.to_owned()), None),
-            _ => (None, Some(text.to_owned())),
         };
         let record = Record {
             biz: lease.biz.clone(),
             key: lease.key.clone(),
-            status,
+            status: Status::Succeeded,
             fence,
             fingerprint,
             request_body: None,
-            response_body,
-            error_message,
+            response_body: Some(response.to_owned()),
+            error_message: None,
             lease_until: Some(now),
             created_at: lease.created_at,
             completed_at: Some(now),
@@ -152,7 +151,7 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
         let written = self.inner.complete(lease, response, now, ttl).await?;
-        self.finish(lease, written, Status::Succeeded, response, now, ttl);
+        self.finish(lease, written, Some(response), now, ttl);
         Ok(written)
     }
 
@@ -164,7 +163,7 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
         let written = self.inner.fail(lease, message, now, ttl).await?;
-        self.finish(lease, written, Status::Failed, message, now, ttl);
+        self.finish(lease, written, None, now, ttl);
         Ok(written)
     }
 

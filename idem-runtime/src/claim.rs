@@ -90,10 +90,14 @@ impl<'a> Claim<'a> {
     }
 
     /// Whether a copy of `record` (a cache's, a pre-check store's) may answer this claim
-    /// as the store itself would: finished, not expired at the claim's instant, and of
+    /// as the store itself would: succeeded, not expired at the claim's instant, and of
     /// a payload that agrees.
+    ///
+    /// A `FAIL` record is never answered from a copy: an operator may delete it in the
+    /// store that decides (`idem retry-failed`) so that the next call runs again, and a
+    /// copy would go on answering `PreviousFailed` until it expired.
     pub fn answered_by(&self, record: &Record) -> bool {
-        record.status != Status::Processing
+        record.status == Status::Succeeded
             && !record.is_expired(self.now)
             && fingerprints_agree(record.fingerprint.as_deref(), self.fingerprint)
     }

@@ -115,11 +115,12 @@ pub enum Error {
         /// The recorded `error_message`.
         message: String,
     },
-    /// This call's claim was taken over after its lease lapsed; its write was refused
-    /// by the fence and changed nothing. The body did run.
+    /// This call no longer holds its claim: another call took it over after its lease
+    /// lapsed, or an operator released it. Its write was refused by the fence and
+    /// changed nothing. The body did run.
     #[error(
-        "lease lost: biz `{biz}` key `{key}` was taken over after the lease of fence {fence} lapsed; \
-         this call's {operation} changed nothing"
+        "lease lost: biz `{biz}` key `{key}` is no longer held under fence {fence} (taken over after \
+         its lease lapsed, or released by an operator); this call's {operation} changed nothing"
     )]
     LeaseLost {
         /// Business namespace.

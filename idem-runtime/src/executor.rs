@@ -138,9 +138,10 @@ impl Idempotent {
     /// payload then fails with [`Error::PayloadMismatch`]. A payload that cannot be
     /// serialized fails the call with [`Error::Encode`] before anything is claimed.
     ///
-    /// Equal payloads fingerprint equal: map and struct fields in any order, sets in any
-    /// iteration order (every sequence compares as a multiset, so `[1, 2]` and `[2, 1]`
-    /// are the same payload; tuples and arrays keep their order), integers of any width.
+    /// Equal payloads fingerprint equal and different ones differ: map and struct fields
+    /// in any order, lists in their order (`[1, 2]` and `[2, 1]` are two payloads),
+    /// integers of any width. A set is marked [`Unordered`](crate::Unordered) (or its
+    /// field `#[serde(serialize_with = "idem::unordered")]`) to compare as a multiset.
     /// The payload's JSON is also kept in the record's `request_body` for
     /// reconciliation, when it is at most [`MAX_REQUEST_BODY`] bytes.
     pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {

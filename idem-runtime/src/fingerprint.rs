@@ -1,18 +1,80 @@
 //! Payload fingerprints: SHA-256 of a canonical encoding of the payload.
 //!
-//! Equal payloads must fingerprint equal, whatever order a `HashMap` or `HashSet`
-//! iterates in and however wide their integers are. So the payload is taken through
-//! serde's data model (`serde-content`, which keeps 128-bit integers, options, tuples
-//! and structs apart) rather than through `serde_json::Value`, and encoded with:
-//! map entries and struct fields sorted by name; sequences (`Vec`, sets, slices) sorted
-//! element by element, so they compare as multisets; tuples and fixed-size arrays in
-//! order; integers as exact decimals of any width.
+//! Equal payloads must fingerprint equal, whatever order a `HashMap` iterates in and
+//! however wide their integers are; different payloads must differ. So the payload is
+//! taken through serde's data model (`serde-content`, which keeps 128-bit integers,
+//! options, tuples and structs apart) rather than through `serde_json::Value`, and
+//! encoded with: map entries and struct fields sorted by name; sequences (`Vec`,
+//! slices, tuples, arrays) in order, because the order of a list is part of what it
+//! says (payees by priority, the legs of a transfer); integers as exact decimals of any
+//! width.
+//!
+//! serde cannot tell a set from a list: both are sequences. A `BTreeSet` serializes in
+//! sorted order and needs nothing; a `HashSet` (or a `Vec` whose order means nothing)
+//! is marked with [`Unordered`] or `#[serde(serialize_with = "idem::unordered")]`, and
+//! its elements are then compared as a multiset. An unmarked `HashSet` fails closed: two
+//! equal sets may fingerprint differently (a false `PayloadMismatch`), never the other
+//! way round.
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_content::{Data, Number, Value};
 use sha2::{Digest, Sha256};
+
+/// The name [`Unordered`] serializes under, as a newtype struct: transparent to every
+/// format (JSON writes the inner value), recognised by the fingerprint.
+const UNORDERED: &str = "idem::Unordered";
+
+/// A collection whose order means nothing to the payload fingerprint: its elements are
+/// compared as a multiset, so `{a, b}` and `{b, a}` fingerprint equal. Serializes and
+/// deserializes as the value it wraps.
+///
+/// Lists are ordered by default (reordered payees are another request); wrap a
+/// `HashSet`, or a `Vec` used as a set, in `Unordered`, or mark the field with
+/// `#[serde(serialize_with = "idem::unordered")]`:
+///
+/// ```
+/// use std::collections::HashSet;
+/// use idem_runtime::Unordered;
+///
+/// #[derive(serde::Serialize)]
+/// struct Refund {
+///     order: String,
+///     items: Unordered<HashSet<String>>,
+///     #[serde(serialize_with = "idem_runtime::unordered")]
+///     tags: Vec<String>,
+/// }
+/// # let _ = Refund { order: "o-7".into(), items: Unordered(HashSet::new()), tags: vec![] };
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Unordered<T>(pub T);
+
+impl<T> std::ops::Deref for Unordered<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: Serialize> Serialize for Unordered<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        unordered(&self.0, serializer)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Unordered<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer).map(Unordered)
+    }
+}
+
+/// Serialize `value` as [`Unordered`] does: for `#[serde(serialize_with =
+/// "idem::unordered")]` on a field whose order means nothing to the fingerprint.
+pub fn unordered<T: Serialize + ?Sized, S: Serializer>(value: &T, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_newtype_struct(UNORDERED, value)
+}
 
 /// The fingerprint of `payload`: lower-case hex SHA-256 of its canonical encoding (see
 /// the module docs). Fails only when the payload's own `Serialize` fails.
@@ -37,9 +99,15 @@ fn canonical(value: &Value<'_>, out: &mut String) {
         Value::Char(c) => string(&c.to_string(), out),
         Value::String(s) => string(s, out),
         Value::Bytes(bytes) => list(bytes.iter().map(|b| u64::from(*b).to_string()), false, out),
-        Value::Seq(items) => list(items.iter().map(encoded), true, out),
+        Value::Seq(items) => list(items.iter().map(encoded), false, out),
         Value::Tuple(items) => list(items.iter().map(encoded), false, out),
         Value::Map(entries) => map(entries.iter().map(|(k, v)| (encoded(k), encoded(v))), out),
+        Value::Struct(s) if s.name == UNORDERED => match &s.data {
+            Data::NewType {
+                value: Value::Seq(items) | Value::Tuple(items),
+            } => list(items.iter().map(encoded), true, out),
+            other => data(other, out),
+        },
         Value::Struct(s) => data(&s.data, out),
         Value::Enum(e) => match &e.data {
             Data::Unit => string(&e.variant, out),
@@ -140,20 +208,66 @@ mod tests {
     }
 
     #[test]
-    fn sets_and_maps_fingerprint_the_same_in_any_iteration_order() {
+    fn marked_sets_and_maps_fingerprint_the_same_in_any_iteration_order() {
         let items: Vec<String> = (0..64).map(|i| format!("sku-{i}")).collect();
-        let reference = fingerprint(&items.iter().cloned().collect::<HashSet<_>>()).unwrap();
+        let reference = fingerprint(&Unordered(items.iter().cloned().collect::<HashSet<_>>())).unwrap();
         let by_id: BTreeMap<u32, &str> = (0..64).map(|i| (i, "x")).collect();
         let map_reference = fingerprint(&by_id).unwrap();
         for _ in 0..20 {
             // Each HashSet / HashMap has its own random iteration order.
             let set: HashSet<String> = items.iter().rev().cloned().collect();
-            assert_eq!(fingerprint(&set).unwrap(), reference);
+            assert_eq!(fingerprint(&Unordered(set)).unwrap(), reference);
             let map: HashMap<u32, &str> = by_id.iter().map(|(k, v)| (*k, *v)).collect();
             assert_eq!(fingerprint(&map).unwrap(), map_reference);
         }
         let fewer: HashSet<String> = items[1..].iter().cloned().collect();
-        assert_ne!(fingerprint(&fewer).unwrap(), reference);
+        assert_ne!(fingerprint(&Unordered(fewer)).unwrap(), reference);
+        let reversed: Vec<String> = items.iter().rev().cloned().collect();
+        assert_eq!(fingerprint(&Unordered(&reversed)).unwrap(), reference, "a marked Vec is a multiset");
+    }
+
+    #[test]
+    fn lists_keep_their_order() {
+        #[derive(Serialize)]
+        struct Transfer {
+            legs: Vec<(&'static str, i64)>,
+            payees: Vec<&'static str>,
+        }
+        let first = Transfer {
+            legs: vec![("acct-1", -100), ("acct-2", 100)],
+            payees: vec!["alice", "bob"],
+        };
+        let payees_reordered = Transfer {
+            legs: first.legs.clone(),
+            payees: vec!["bob", "alice"],
+        };
+        let legs_reordered = Transfer {
+            legs: vec![("acct-2", 100), ("acct-1", -100)],
+            payees: first.payees.clone(),
+        };
+        let first = fingerprint(&first).unwrap();
+        assert_ne!(first, fingerprint(&payees_reordered).unwrap());
+        assert_ne!(first, fingerprint(&legs_reordered).unwrap());
+        assert_ne!(
+            fingerprint(&vec![1, 2, 3]).unwrap(),
+            fingerprint(&vec![3, 2, 1]).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_field_marked_unordered_is_a_multiset_and_serializes_as_itself() {
+        #[derive(Serialize)]
+        struct Refund {
+            #[serde(serialize_with = "unordered")]
+            tags: Vec<&'static str>,
+        }
+        let a = Refund { tags: vec!["x", "y"] };
+        let b = Refund { tags: vec!["y", "x"] };
+        assert_eq!(fingerprint(&a).unwrap(), fingerprint(&b).unwrap());
+        assert_eq!(serde_json::to_string(&a).unwrap(), r#"{"tags":["x","y"]}"#);
+        let read: Unordered<Vec<u8>> = serde_json::from_str("[3,1]").unwrap();
+        assert_eq!(read.0, vec![3, 1]);
+        assert_eq!(serde_json::to_string(&read).unwrap(), "[3,1]");
     }
 
     #[test]

@@ -34,6 +34,23 @@ pub(crate) fn biz_problem(biz: &str) -> Option<String> {
     control_char_problem(biz)
 }
 
+/// The namespaces of form tokens begin with this: `token.<biz>` (see [`token`](crate::token)).
+pub const TOKEN_NAMESPACE: &str = "token.";
+
+/// Why an operation (not a form token) cannot use `biz`, or `None` when it can: what
+/// [`biz_problem`] says, and the tokens' namespace, which operations keep out of.
+pub(crate) fn operation_biz_problem(biz: &str) -> Option<String> {
+    biz_problem(biz).or_else(|| {
+        biz.starts_with(TOKEN_NAMESPACE).then(|| {
+            format!(
+                "a biz beginning with `{TOKEN_NAMESPACE}` belongs to form tokens (`idem::token`), whose records \
+                 it would share; name the operation otherwise, e.g. {:?}",
+                biz.trim_start_matches(TOKEN_NAMESPACE)
+            )
+        })
+    })
+}
+
 fn control_char_problem(text: &str) -> Option<String> {
     text.char_indices()
         .find(|(_, c)| c.is_control())
@@ -57,5 +74,7 @@ mod tests {
         assert!(key_problem(&"k".repeat(256)).unwrap().contains("256 bytes"));
         assert!(key_problem("a\nb").unwrap().contains("at byte 1"));
         assert!(biz_problem(&"b".repeat(65)).unwrap().contains("65 characters"));
+        assert!(operation_biz_problem("token.order.submit").unwrap().contains("form tokens"));
+        assert_eq!(operation_biz_problem("tokens"), None);
     }
 }

@@ -80,6 +80,19 @@ impl StepLog {
         })
     }
 
+    /// An earlier attempt ran step `name`'s effect and could not record its value.
+    fn ran_unrecorded(&self, name: &str, reason: &str) -> Error {
+        Error::InvalidStep {
+            step: name.to_owned(),
+            reason: format!(
+                "an earlier attempt of biz `{}` key `{}` ran it, but its value could not be recorded ({reason}); \
+                 it is not run again. Make the step's value one JSON can carry, and settle this record by hand \
+                 (`idem show`, then `idem release` once the effect is reconciled)",
+                self.lease.biz, self.lease.key
+            ),
+        }
+    }
+
     fn undecodable(&self, source: serde_json::Error) -> Error {
         self.about(|biz, key| Error::Decode { biz, key, source })
     }
@@ -180,6 +193,13 @@ impl StepLog {
 /// # Ok(()) }
 /// ```
 ///
+/// A step does not start its effect once the call is known to have lost its lease
+/// ([`Context::lease_held`](crate::Context::lease_held) is false): it fails with
+/// [`Error::LeaseLost`] and the new holder runs it. A value that cannot be recorded
+/// (NaN, ±∞, `Some(None)`, a map with non-string keys) fails the step with
+/// [`Error::Encode`] after its effect ran, and the record keeps that the step ran: later
+/// attempts fail with [`Error::InvalidStep`] instead of running the effect again.
+///
 /// A step's effect can still run twice in one case: the process dies after the effect
 /// and before its value is recorded. Hand the downstream service
 /// [`Context::effect_key(name)`](crate::Context::effect_key), which is the same on every
@@ -198,18 +218,40 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    let log = log_of(name)?;
-    if let Some(json) = log.begin(name).await? {
+    let (context, log) = log_of(name)?;
+    let recorded = log.begin(name).await?;
+    if let Some(json) = recorded {
+        if let Some(reason) = json.strip_prefix(UNRECORDABLE) {
+            return Err(log.ran_unrecorded(name, reason).into());
+        }
         return serde_json::from_str(&json).map_err(|source| log.undecodable(source).into());
     }
+    // The heartbeat learned that the key was taken over: the new holder runs this step;
+    // running its effect here too would do it twice.
+    if !context.lease_held() {
+        return Err(log.lost().into());
+    }
     let value = effect.await?;
-    let json = encode(&value).map_err(|e| log.unencodable("step value", e))?;
-    log.finish(name, json).await?;
+    match encode(&value) {
+        Ok(json) => log.finish(name, json).await?,
+        Err(error) => {
+            // The effect happened and its value cannot be kept: record that it ran, so
+            // the next attempt fails instead of running it again.
+            log.finish(name, format!("{UNRECORDABLE}{error}")).await?;
+            return Err(log.unencodable("step value", error).into());
+        }
+    }
     Ok(value)
 }
 
-/// The step log of the call whose body runs on this task, or why `name` cannot run.
-fn log_of(name: &str) -> Result<Arc<StepLog>, Error> {
+/// What a step's entry starts with when its effect ran and its value could not be
+/// recorded (NaN, ±∞, a map with non-string keys, …), followed by why. No JSON text
+/// starts with `!`, so it is never taken for a value.
+const UNRECORDABLE: &str = "!unrecordable: ";
+
+/// The context and step log of the call whose body runs on this task, or why `name`
+/// cannot run.
+fn log_of(name: &str) -> Result<(crate::context::Context, Arc<StepLog>), Error> {
     let invalid = |reason| Error::InvalidStep {
         step: name.to_owned(),
         reason,
@@ -217,12 +259,13 @@ fn log_of(name: &str) -> Result<Arc<StepLog>, Error> {
     let context = context().ok_or_else(|| {
         invalid("it was called outside an idempotent body: there is no record to keep it in".to_owned())
     })?;
-    context.steps().ok_or_else(|| {
+    let log = context.steps().ok_or_else(|| {
         invalid(format!(
             "biz `{}` key `{}` runs in a transaction, which a step's record would roll back with; \
              pass `Context::effect_key(\"{name}\")` to the service instead",
             context.biz(),
             context.key()
         ))
-    })
+    })?;
+    Ok((context, log))
 }

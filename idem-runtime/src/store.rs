@@ -51,6 +51,12 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     /// (`lease_until = created_at`), so the next claim takes it over with its steps.
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError>;
 
+    /// The store's kind, for messages: its type's name (`idem_store_sqlx::PostgresStore`),
+    /// which an error names instead of the store's `Debug` (that may print a whole pool).
+    fn kind(&self) -> &'static str {
+        std::any::type_name::<Self>()
+    }
+
     /// The store as `Any`, for integrations that work only with one kind of store (the
     /// SQL stores' transactional mode finds its table through it). `None` by default.
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -66,7 +72,8 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
         let _ = (lease, steps);
         Err(StoreError::new(format!(
-            "the store {self:?} does not record steps (its `IdempotencyStore` impl has no `record_steps`)"
+            "the store `{}` does not record steps (its `IdempotencyStore` impl has no `record_steps`)",
+            std::any::type_name::<Self>()
         )))
     }
 
@@ -114,6 +121,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
         (**self).record_steps(lease, steps).await
+    }
+
+    fn kind(&self) -> &'static str {
+        (**self).kind()
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

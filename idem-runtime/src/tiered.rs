@@ -10,11 +10,13 @@ use crate::error::StoreError;
 use crate::record::{Record, Status};
 use crate::store::IdempotencyStore;
 
-/// Answers duplicates of finished calls from `front` (a Redis store, typically), and
+/// Answers duplicates of succeeded calls from `front` (a Redis store, typically), and
 /// leaves every decision to `back` (a SQL store): the claim, the outcome, the lease.
 ///
-/// A claim first reads `front`: a finished record there that has not expired and whose
-/// payload fingerprint agrees is the answer, without touching `back`. Anything else —
+/// A claim first reads `front`: a succeeded record there that has not expired and whose
+/// payload fingerprint agrees is the answer, without touching `back`. A `FAIL` record
+/// is always answered by `back`, so an operator's `idem retry-failed` there takes
+/// effect for the next call. Anything else —
 /// no record, a running one, an error of `front` — goes to `back`, whose answer
 /// stands; a finished record `back` answers with is then copied to `front` (with the
 /// same expiry) for the duplicates after it. Every holder write, `get` and purge go to
@@ -64,9 +66,8 @@ impl<F: IdempotencyStore, B: IdempotencyStore> TieredStore<F, B> {
         let copy = Claim::new(claim.biz, claim.key, claim.now, Duration::from_secs(1), left)
             .with_fingerprint(record.fingerprint.as_deref());
         let written = match self.front.claim(&copy).await {
-            Ok(ClaimOutcome::Acquired(lease)) => match (&record.status, &record.response_body, &record.error_message) {
-                (Status::Succeeded, Some(response), _) => self.front.complete(&lease, response, claim.now, left).await,
-                (Status::Failed, _, Some(message)) => self.front.fail(&lease, message, claim.now, left).await,
+            Ok(ClaimOutcome::Acquired(lease)) => match (&record.status, &record.response_body) {
+                (Status::Succeeded, Some(response)) => self.front.complete(&lease, response, claim.now, left).await,
                 _ => self.front.release(&lease).await,
             },
             Ok(ClaimOutcome::Existing(_)) => return,

@@ -43,7 +43,7 @@ use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock;
 use crate::default_store::installed;
 use crate::error::Error;
-use crate::key::biz_problem;
+use crate::key::{biz_problem, TOKEN_NAMESPACE};
 use crate::record::Status;
 use crate::store::IdempotencyStore;
 
@@ -76,7 +76,7 @@ fn random_hex() -> Result<String, getrandom::Error> {
 }
 
 fn namespace(biz: &str) -> Result<String, Error> {
-    let namespace = format!("token.{biz}");
+    let namespace = format!("{TOKEN_NAMESPACE}{biz}");
     match biz_problem(&namespace) {
         None => Ok(namespace),
         Some(reason) => Err(Error::InvalidBiz {

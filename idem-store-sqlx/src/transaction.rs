@@ -113,8 +113,12 @@ fn table_for<DB: TransactionDatabase>(op: &Idempotent, store: Option<&dyn Idempo
                 biz: op.biz().to_owned(),
                 option: "store",
                 reason: format!(
-                    "a transactional call on {} needs a {} store to find its table, and was given {store:?}",
+                    "a transactional call on {} needs a {} store to find its table, and was given a `{}`: \
+                     pass `store = ` a {} store of the transaction's database, or leave `store` out to use \
+                     the installed one (or the table `idempotent_record`)",
                     DB::LABEL,
+                    DB::LABEL,
+                    store.kind(),
                     DB::LABEL
                 ),
             }),

@@ -27,6 +27,20 @@ pub enum Op {
     Purge,
 }
 
+impl Op {
+    /// Every operation.
+    pub const ALL: [Op; 8] = [
+        Op::Claim,
+        Op::Renew,
+        Op::Complete,
+        Op::Fail,
+        Op::Release,
+        Op::RecordSteps,
+        Op::Get,
+        Op::Purge,
+    ];
+}
+
 /// What happens to a call that meets the fault.
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {
@@ -72,6 +86,14 @@ impl FaultyStore {
             .or_default()
             .push((fault, times));
         self
+    }
+
+    /// Every call of every operation fails until [`heal`](Self::heal): the store is
+    /// down, or this process is cut off from it.
+    pub fn cut_off(&self) {
+        for op in Op::ALL {
+            self.inject(op, Fault::Fail, u32::MAX);
+        }
     }
 
     /// No more faults.

@@ -81,7 +81,7 @@ async fn echo_maybe(
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Basket {
     pub id: String,
-    pub skus: HashSet<String>,
+    pub skus: idem::Unordered<HashSet<String>>,
     pub total: u128,
 }
 
@@ -226,14 +226,14 @@ pub async fn replays_equal_the_first_answer(store: &Store) {
     }
 }
 
-/// Issue 8.8: a payload holding a `HashSet` fingerprints the same on every retry, and
+/// A payload holding a `HashSet` marked `Unordered` fingerprints the same on every retry, and
 /// integers past 2^64 fingerprint.
 pub async fn equal_payloads_fingerprint_equal(store: &Store) {
     let id = unique("basket");
     let skus: Vec<String> = (0..32).map(|i| format!("sku-{i}")).collect();
     let basket = |total| Basket {
         id: id.clone(),
-        skus: skus.iter().cloned().collect(),
+        skus: idem::Unordered(skus.iter().cloned().collect()),
         total,
     };
     let big = u128::from(u64::MAX) + 7;
@@ -426,4 +426,151 @@ pub async fn a_response_the_store_keeps_refusing_is_recorded_as_failed(store: &S
         other => panic!("expected PreviousFailed, got {other:?}"),
     }
     assert_eq!(runs.count(), 1, "the body ran once");
+}
+
+#[derive(Debug, Serialize)]
+struct Transfer {
+    legs: Vec<(String, i64)>,
+}
+
+#[idempotent(key = key, biz = "injected.transfer", store = store, payload = transfer)]
+async fn transfer(store: &Store, key: &str, transfer: &Transfer, runs: &Runs) -> Result<u32, AppError> {
+    Ok(runs.hit())
+}
+
+/// Lists are ordered: the legs of a transfer reordered under a reused key are another
+/// request (`PayloadMismatch`), never a replay of the first.
+pub async fn reordered_lists_are_another_payload(store: &Store) {
+    let key = unique("transfer");
+    let runs = Runs::default();
+    let leg = |account: &str, cents| (account.to_owned(), cents);
+    let first = Transfer {
+        legs: vec![leg("acct-1", -500), leg("acct-2", 300), leg("acct-3", 200)],
+    };
+    let reordered = Transfer {
+        legs: vec![leg("acct-2", 300), leg("acct-1", -500), leg("acct-3", 200)],
+    };
+    assert_eq!(transfer(store, &key, &first, &runs).await.unwrap(), 1);
+    assert_eq!(transfer(store, &key, &first, &runs).await.unwrap(), 1, "the same list replays");
+    let error = transfer(store, &key, &reordered, &runs).await.unwrap_err().idem();
+    assert!(matches!(error, Error::PayloadMismatch { .. }), "{error:?}");
+    assert_eq!(runs.count(), 1);
+}
+
+/// The first call's body cuts its store off (an outage, or a partition of this
+/// process) the moment its effect is done.
+#[idempotent(key = key, biz = "injected.outage", store = store, lease = "2s")]
+async fn charge_then_lose_the_store(store: &Store, key: &str, runs: &Runs, faulty: &FaultyStore) -> Result<u32, AppError> {
+    let n = runs.hit();
+    if n == 1 {
+        faulty.cut_off();
+    }
+    Ok(n)
+}
+
+/// The window of a finished body whose store goes away (docs/RELIABILITY.md, "Database
+/// outages"), on its safe side: the store is down for 1.8 s of a 2 s lease, from the
+/// moment the body's effect is done, while a client retries every 20 ms. The outcome
+/// writer tries again every twentieth of a lease, so it reaches the store when it is
+/// back and before the lease lapses: one body, and every later answer is its replay.
+pub async fn an_outage_shorter_than_the_lease_runs_a_finished_body_once(store: &Store) {
+    let faulty = FaultyStore::new(store);
+    let shared = faulty.shared();
+    let (key, runs) = (unique("outage"), Arc::new(Runs::default()));
+    let first = {
+        let (shared, key, runs, faulty) = (shared.clone(), key.clone(), runs.clone(), faulty.clone());
+        tokio::spawn(async move { charge_then_lose_the_store(&shared, &key, &runs, &faulty).await })
+    };
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let down_at = Instant::now();
+    let healer = {
+        let faulty = faulty.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until((down_at + Duration::from_millis(1800)).into()).await;
+            faulty.heal();
+        })
+    };
+    let mut replays = 0;
+    while down_at.elapsed() < Duration::from_millis(3000) {
+        match charge_then_lose_the_store(&shared, &key, &runs, &faulty).await {
+            Ok(n) => {
+                assert_eq!(n, 1, "a retry got the first answer");
+                replays += 1;
+            }
+            Err(error) => match error.idem() {
+                Error::Store { .. } | Error::InProgress { .. } => {}
+                other => panic!("unexpected answer to a retry: {other:?}"),
+            },
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    healer.await.unwrap();
+    assert_eq!(runs.count(), 1, "the finished body did not run again");
+    assert!(replays > 0, "the retries got the replay once the store was back");
+    match first.await.unwrap() {
+        Ok(1) => {}
+        Err(error) => assert!(matches!(error.idem(), Error::Store { .. })),
+        other => panic!("the first caller got {other:?}"),
+    }
+    let record = store.get("injected.outage", &key).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Succeeded);
+}
+
+#[idempotent(key = key, biz = "injected.outage", store = store, lease = "1s")]
+async fn charge_then_get_cut_off(store: &Store, key: &str, runs: &Runs, faulty: &FaultyStore) -> Result<u32, AppError> {
+    let n = runs.hit();
+    if n == 1 {
+        faulty.cut_off();
+    }
+    Ok(n)
+}
+
+/// The same window past its edge: the finished body's process is cut off from the
+/// store longer than its lease while another process reaches it. Before the lease
+/// lapses a retry gets `InProgress`; after, nothing can tell the finished holder from a
+/// dead one and the retry takes the key over and runs the body again, and the first
+/// holder's outcome is refused by the fence. This is the crash-after-the-effect window
+/// of leased mode: transactional mode, or steps with effect keys, close it.
+pub async fn a_writer_cut_off_past_its_lease_is_taken_over(store: &Store) {
+    let faulty = FaultyStore::new(store);
+    let shared = faulty.shared();
+    let (key, runs) = (unique("cut-off"), Arc::new(Runs::default()));
+    let first = {
+        let (shared, key, runs, faulty) = (shared.clone(), key.clone(), runs.clone(), faulty.clone());
+        tokio::spawn(async move { charge_then_get_cut_off(&shared, &key, &runs, &faulty).await })
+    };
+    while runs.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let cut_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let inside = charge_then_get_cut_off(store, &key, &runs, &faulty).await.unwrap_err().idem();
+    assert!(
+        matches!(inside, Error::InProgress { .. }),
+        "inside the lease the retry waits for the holder: {inside:?}"
+    );
+    tokio::time::sleep_until((cut_at + Duration::from_millis(1300)).into()).await;
+    let past = charge_then_get_cut_off(store, &key, &runs, &faulty).await.unwrap();
+    assert_eq!((past, runs.count()), (2, 2), "past the lease the retry took the key over");
+    faulty.heal();
+    let first = first.await.unwrap();
+    assert!(
+        matches!(first, Err(AppError::Idem(Error::Store { .. } | Error::LeaseLost { .. }))),
+        "{first:?}"
+    );
+    let settled = Instant::now() + Duration::from_secs(10);
+    loop {
+        let record = store.get("injected.outage", &key).await.unwrap().unwrap();
+        assert_eq!(record.response_body.as_deref().unwrap_or("2"), "2", "the first holder's outcome was refused");
+        if Instant::now() > settled {
+            break;
+        }
+        if faulty.calls(Op::Complete) > faulty.errors(Op::Complete) || faulty.calls(Op::Get) > faulty.errors(Op::Get) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(charge_then_get_cut_off(store, &key, &runs, &faulty).await.unwrap(), 2);
 }

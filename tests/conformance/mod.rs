@@ -79,6 +79,9 @@ macro_rules! conformance_suite {
             lost_reply_of_a_committed_complete_is_success,
             replays_equal_the_first_answer,
             equal_payloads_fingerprint_equal,
+            reordered_lists_are_another_payload,
+            an_outage_shorter_than_the_lease_runs_a_finished_body_once,
+            a_writer_cut_off_past_its_lease_is_taken_over,
             lost_lease_is_signalled_to_the_body,
             waiting_reads_within_its_deadline,
             reentrant_call_fails_at_once,
@@ -94,6 +97,8 @@ macro_rules! conformance_suite {
             stale_holder_cannot_record_steps,
             a_new_life_starts_without_steps,
             a_step_record_that_fails_once_is_offered_again,
+            a_step_does_not_start_once_the_lease_is_lost,
+            a_step_value_that_cannot_be_recorded_is_not_run_again,
         );
         $crate::conformance_suite!(@tests $store; tokens;
             concurrent_consumers_have_one_winner,

@@ -236,3 +236,86 @@ pub async fn a_step_record_that_fails_once_is_offered_again(store: &Store) {
     }
     assert_eq!(faulty.errors(Op::RecordSteps), 2, "each fault met once");
 }
+
+/// Charges, then — on its first attempt — waits until it learns that its lease was
+/// lost, then texts.
+#[idempotent(key = key, biz = "conformance.steps", store = store, lease = "300ms")]
+async fn charge_then_sms_after_losing(
+    store: &Store,
+    key: &str,
+    charges: &Runs,
+    texts: &Runs,
+    first: bool,
+) -> Result<String, AppError> {
+    let charge: u32 = step("charge", async { Ok::<_, AppError>(charges.hit()) }).await?;
+    if first {
+        let context = idem::context().expect("inside a call");
+        tokio::time::timeout(Duration::from_secs(5), context.lease_lost())
+            .await
+            .map_err(|_| AppError::Declined("the lease was never lost".into()))?;
+    }
+    let sms: u32 = step("sms", async { Ok::<_, AppError>(texts.hit()) }).await?;
+    Ok(format!("charge {charge} sms {sms}"))
+}
+
+/// A step whose value JSON cannot carry (NaN).
+#[idempotent(key = key, biz = "conformance.steps", store = store)]
+async fn charge_returning_nan(store: &Store, key: &str, charges: &Runs) -> Result<f64, AppError> {
+    step("charge", async {
+        charges.hit();
+        Ok::<_, AppError>(f64::NAN)
+    })
+    .await
+}
+
+/// A holder that has learned its key was taken over does not start a step's effect:
+/// the new holder runs it, once.
+pub async fn a_step_does_not_start_once_the_lease_is_lost(store: &Store) {
+    let faulty = FaultyStore::new(store);
+    faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
+    let shared = faulty.shared();
+    let key = unique("steps-lost");
+    let (charges, texts) = (std::sync::Arc::new(Runs::default()), std::sync::Arc::new(Runs::default()));
+    let first = {
+        let (shared, key, charges, texts) = (shared.clone(), key.clone(), charges.clone(), texts.clone());
+        tokio::spawn(async move { charge_then_sms_after_losing(&shared, &key, &charges, &texts, true).await })
+    };
+    // Renewals fail, the 300 ms lease lapses, and another call takes the key over.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let taken = charge_then_sms_after_losing(store, &key, &charges, &texts, false)
+        .await
+        .unwrap();
+    assert_eq!(taken, "charge 1 sms 1", "the new holder replayed the charge and texted");
+    faulty.heal();
+    let ended = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the first holder learned that its lease was lost")
+        .unwrap();
+    let error = ended.unwrap_err().idem();
+    assert!(matches!(error, Error::LeaseLost { .. }), "{error:?}");
+    assert_eq!(
+        (charges.count(), texts.count()),
+        (1, 1),
+        "the holder that lost its lease did not start its next step"
+    );
+}
+
+/// A step whose effect ran but whose value cannot be recorded is recorded as having
+/// run: the next attempt fails instead of running the effect again.
+pub async fn a_step_value_that_cannot_be_recorded_is_not_run_again(store: &Store) {
+    let key = unique("steps-nan");
+    let charges = Runs::default();
+    let first = charge_returning_nan(store, &key, &charges).await.unwrap_err().idem();
+    assert!(matches!(first, Error::Encode { .. }), "{first:?}");
+    for _ in 0..2 {
+        let again = charge_returning_nan(store, &key, &charges).await.unwrap_err().idem();
+        match &again {
+            Error::InvalidStep { step, reason } => {
+                assert_eq!(step, "charge");
+                assert!(reason.contains("could not be recorded"), "{reason}");
+            }
+            other => panic!("expected InvalidStep, got {other:?}"),
+        }
+    }
+    assert_eq!(charges.count(), 1, "the charge ran once");
+}

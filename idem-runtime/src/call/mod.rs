@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::context::{inside, Context, LeaseSignal};
 use crate::error::{Error, StoreError};
 use crate::executor::Idempotent;
-use crate::key::{biz_problem, key_problem};
+use crate::key::{key_problem, operation_biz_problem};
 use crate::observe::{self, Outcome};
 use crate::step::StepLog;
 use crate::store::OwnedStore;
@@ -115,7 +115,7 @@ pub(crate) fn check_input<'o>(op: &'o Idempotent, key: &str) -> Result<Option<&'
             reason: reason.clone(),
         });
     }
-    if let Some(reason) = biz_problem(&op.biz) {
+    if let Some(reason) = operation_biz_problem(&op.biz) {
         return Err(Error::InvalidBiz {
             biz: op.biz.to_string(),
             reason,

@@ -24,9 +24,12 @@ use crate::record::{Record, Status};
 use crate::replay::encode;
 use crate::store::{IdempotencyStore, OwnedStore};
 
-/// Retrying the write of an outcome: first and longest pause.
+/// Retrying the write of an outcome: first and longest pause. The pause is also never
+/// longer than a twentieth of the lease: a write held up by an outage must reach the
+/// store soon after it is back, before the lease lapses and a retry may take over.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const LONGEST_RETRY: Duration = Duration::from_secs(1);
+const RETRIES_PER_LEASE: u32 = 20;
 
 /// How many leases a write handed to its own task keeps trying for (10 minutes for the
 /// default 30 s lease). Past that, a response the store keeps refusing is recorded as a
@@ -109,7 +112,10 @@ impl OutcomeWrite {
     /// Write until the store answers or `give_up` passes, renewing the lease between
     /// tries so it cannot lapse while the store is failing the write alone.
     async fn settle(&mut self, store: &dyn IdempotencyStore, give_up: Instant) -> Result<Settled, StoreError> {
-        let mut pause = FIRST_RETRY;
+        let longest = LONGEST_RETRY
+            .min(self.lease_for / RETRIES_PER_LEASE)
+            .max(Duration::from_millis(1));
+        let mut pause = FIRST_RETRY.min(longest);
         loop {
             match self.write(store).await {
                 Ok(FenceCheck::Held) => return Ok(Settled::Recorded),
@@ -120,7 +126,7 @@ impl OutcomeWrite {
                         operation = self.verdict.operation(), "could not record a finished call; retrying"
                     );
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_RETRY);
+                    pause = (pause * 2).min(longest);
                     if self.renewed_at.elapsed() >= self.lease_for / 3 {
                         match store.renew(&self.lease, clock::now(), self.lease_for).await {
                             Ok(FenceCheck::Held) => self.renewed_at = Instant::now(),
