@@ -34,6 +34,31 @@ async fn record_survives_a_reconnect() {
 }
 
 #[tokio::test]
+async fn purge_keeps_an_expired_claim_without_a_lease() {
+    let Some(store) = open().await else { return };
+    let edit = |set: &'static str, key: String| {
+        let store = store.clone();
+        async move {
+            assert_eq!(set, "lease_until = NULL", "the one edit this test makes");
+            let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
+            let mut conn = redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            let _: () = redis::cmd("HDEL")
+                .arg(store.record_key("conformance.pay", &key))
+                .arg("lease_until")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    let shared: Store = Arc::new(store.clone());
+    conformance::database::purge_keeps_an_expired_claim_without_a_lease(&shared, edit).await;
+}
+
+#[tokio::test]
 async fn corrupted_response_is_a_decode_error() {
     let Some(store) = open().await else { return };
     let corrupt = |key: String| {

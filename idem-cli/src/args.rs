@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 /// Look at idempotency records, and repair them, on any idem store.
 #[derive(Debug, Parser)]
@@ -25,36 +25,37 @@ pub struct Cli {
 /// What to do.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Records by biz and status, how many expired, the oldest PROCESSING.
+    /// Records by biz and status, how many expired, the oldest PROCESSING (form tokens
+    /// apart).
     Stats {
-        /// Only this biz.
-        #[arg(long)]
-        biz: Option<String>,
+        #[command(flatten)]
+        filter: BizFilter,
     },
-    /// PROCESSING records created at least `--older-than` ago (the oldest first).
+    /// Stuck claims: PROCESSING records created at least `--older-than` ago whose lease
+    /// has lapsed (the oldest first). A claim whose lease still runs is a body at work
+    /// and is not listed; nor are form tokens.
     Stuck {
-        /// `90s`, `5m`, `2h`, `1d`.
-        #[arg(long, value_parser = duration)]
+        /// `0s`, `90s`, `5m`, `2h`, `1d`.
+        #[arg(long, value_parser = duration, default_value = "0s")]
         older_than: Duration,
+        #[command(flatten)]
+        filter: BizFilter,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
     /// Live FAIL records (the oldest first).
     Failed {
-        /// Only this biz.
-        #[arg(long)]
-        biz: Option<String>,
+        #[command(flatten)]
+        filter: BizFilter,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
-    /// One record.
+    /// Every field of one record.
     Show {
-        /// The biz.
-        biz: String,
-        /// The key.
-        key: String,
+        #[command(flatten)]
+        record: RecordId,
     },
     /// Delete expired records in batches, never a running claim.
     Purge {
@@ -65,30 +66,78 @@ pub enum Command {
         #[arg(long, default_value_t = 1000)]
         batch: u64,
     },
-    /// Free a PROCESSING claim (its holder is gone): the next call runs the body.
+    /// Free a stuck claim, so that the next call runs the body. Only a claim whose
+    /// lease has lapsed (its holder stopped renewing it) is freed.
     Release {
-        /// The biz.
-        biz: String,
-        /// The key.
-        key: String,
-        /// Do not ask.
+        #[command(flatten)]
+        record: RecordId,
+        #[command(flatten)]
+        confirm: Confirm,
+        /// Free it even while its lease runs. If its holder is still running, the next
+        /// call runs the body beside it (a second charge, a second SMS) and the holder's
+        /// outcome is refused: only for a holder known to be gone.
         #[arg(long)]
-        yes: bool,
+        force: bool,
     },
     /// Delete a FAIL record so that the next call runs the body again.
     RetryFailed {
-        /// The biz.
-        biz: String,
-        /// The key.
-        key: String,
-        /// Do not ask.
-        #[arg(long)]
-        yes: bool,
+        #[command(flatten)]
+        record: RecordId,
+        #[command(flatten)]
+        confirm: Confirm,
     },
     /// Create the table and its index if missing (the DDL of `migrate()`).
     Migrate,
     /// Check the table's shape against what the store needs.
     Check,
+}
+
+impl Command {
+    /// The command's name, as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Stats { .. } => "stats",
+            Command::Stuck { .. } => "stuck",
+            Command::Failed { .. } => "failed",
+            Command::Show { .. } => "show",
+            Command::Purge { .. } => "purge",
+            Command::Release { .. } => "release",
+            Command::RetryFailed { .. } => "retry-failed",
+            Command::Migrate => "migrate",
+            Command::Check => "check",
+        }
+    }
+
+    /// Whether the command reads or changes what only a SQL table has (lists by
+    /// status, the table's shape).
+    pub fn needs_sql(&self) -> bool {
+        !matches!(self, Command::Show { .. } | Command::Purge { .. } | Command::Release { .. })
+    }
+}
+
+/// One record: its biz and key.
+#[derive(Debug, Args)]
+pub struct RecordId {
+    /// The biz.
+    pub biz: String,
+    /// The key.
+    pub key: String,
+}
+
+/// `--biz`: only one biz.
+#[derive(Debug, Args)]
+pub struct BizFilter {
+    /// Only this biz.
+    #[arg(long)]
+    pub biz: Option<String>,
+}
+
+/// `--yes`: a repair done without asking.
+#[derive(Debug, Args)]
+pub struct Confirm {
+    /// Do not ask.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 /// `90s`, `5m`, `2h`, `1d`.

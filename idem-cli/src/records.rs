@@ -1,25 +1,43 @@
-//! Records and figures, as an aligned table or as JSON.
+//! Records and figures, as an aligned table or as JSON. Instants are RFC 3339 (UTC,
+//! microseconds) in both.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use comfy_table::Table;
-use idem_runtime::Record;
+use idem_runtime::{Record, Status, TOKEN_NAMESPACE};
 use idem_store_sqlx::BizStatus;
 use serde_json::{json, Value};
 
-/// Seconds since the epoch, with microseconds.
-fn epoch(at: SystemTime) -> f64 {
-    at.duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+/// `at` as RFC 3339 in UTC, with microseconds: `2026-11-30T17:51:50.123456Z`.
+pub fn instant(at: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(at).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
 }
 
-/// How long ago, as `3m12s`.
-fn ago(at: SystemTime) -> String {
-    let secs = SystemTime::now().duration_since(at).map_or(0, |d| d.as_secs());
+/// How long from now until `at` (or since, when past), as `3m12s`.
+fn from_now(at: SystemTime) -> String {
+    let now = SystemTime::now();
+    match at.duration_since(now) {
+        Ok(ahead) => format!("in {}", span(ahead.as_secs())),
+        Err(_) => format!("{} ago", span(now.duration_since(at).map_or(0, |d| d.as_secs()))),
+    }
+}
+
+fn span(secs: u64) -> String {
     match secs {
         0..60 => format!("{secs}s"),
         60..3600 => format!("{}m{}s", secs / 60, secs % 60),
         3600..86_400 => format!("{}h{}m", secs / 3600, secs % 3600 / 60),
         _ => format!("{}d{}h", secs / 86_400, secs % 86_400 / 3600),
+    }
+}
+
+/// What a `PROCESSING` record's lease says now.
+fn lease_text(record: &Record) -> String {
+    match (record.status, record.lease_until) {
+        (Status::Processing, Some(until)) if until > SystemTime::now() => format!("runs, ends {}", from_now(until)),
+        (Status::Processing, Some(until)) => format!("lapsed {}", from_now(until)),
+        (Status::Processing, None) => "none".to_owned(),
+        _ => String::new(),
     }
 }
 
@@ -33,14 +51,15 @@ fn to_json(record: &Record) -> Value {
         "request_body": record.request_body,
         "response_body": record.response_body,
         "error_message": record.error_message,
-        "lease_until": record.lease_until.map(epoch),
-        "created_at": epoch(record.created_at),
-        "completed_at": record.completed_at.map(epoch),
-        "expires_at": epoch(record.expires_at),
+        "lease_until": record.lease_until.map(instant),
+        "created_at": instant(record.created_at),
+        "completed_at": record.completed_at.map(instant),
+        "expires_at": instant(record.expires_at),
         "steps": record.steps,
     })
 }
 
+/// Records as a table of one line each, or as a JSON array.
 pub fn print_records(records: &[Record], json: bool) {
     if json {
         println!("{}", Value::Array(records.iter().map(to_json).collect()));
@@ -48,7 +67,7 @@ pub fn print_records(records: &[Record], json: bool) {
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["biz", "key", "status", "fence", "created", "outcome"]);
+    table.set_header(["biz", "key", "status", "fence", "created", "lease", "outcome"]);
     for record in records {
         let outcome = record
             .response_body
@@ -60,7 +79,8 @@ pub fn print_records(records: &[Record], json: bool) {
             record.key.clone(),
             record.status.as_str().to_owned(),
             record.fence.to_string(),
-            format!("{} ago", ago(record.created_at)),
+            from_now(record.created_at),
+            lease_text(record),
             outcome.chars().take(60).collect(),
         ]);
     }
@@ -68,20 +88,64 @@ pub fn print_records(records: &[Record], json: bool) {
     println!("{} records", records.len());
 }
 
-pub fn print_stats(rows: &[BizStatus], oldest_processing: Option<&Record>, json: bool) {
+/// One record, every field in full: as `name  value` lines, or as a JSON array of one.
+pub fn print_record(record: &Record, json: bool) {
     if json {
-        let rows: Vec<Value> = rows
-            .iter()
-            .map(|row| json!({"biz": row.biz, "status": row.status.as_str(), "records": row.records, "expired": row.expired}))
-            .collect();
-        let oldest = oldest_processing.map(|r| json!({"biz": r.biz, "key": r.key, "created_at": epoch(r.created_at)}));
-        println!("{}", json!({ "by_biz_and_status": rows, "oldest_processing": oldest }));
+        println!("{}", Value::Array(vec![to_json(record)]));
+        return;
+    }
+    let at = |at: Option<SystemTime>| at.map_or_else(|| "-".to_owned(), |at| format!("{} ({})", instant(at), from_now(at)));
+    let text = |text: &Option<String>| text.clone().unwrap_or_else(|| "-".to_owned());
+    let lease = match record.lease_until {
+        Some(_) if record.status == Status::Processing => format!("{} — {}", at(record.lease_until), lease_text(record)),
+        _ => at(record.lease_until),
+    };
+    let fields = [
+        ("biz", record.biz.clone()),
+        ("key", record.key.clone()),
+        ("status", record.status.as_str().to_owned()),
+        ("fence", record.fence.to_string()),
+        ("created_at", at(Some(record.created_at))),
+        ("lease_until", lease),
+        ("completed_at", at(record.completed_at)),
+        ("expires_at", at(Some(record.expires_at))),
+        ("fingerprint", text(&record.fingerprint)),
+        ("request_body", text(&record.request_body)),
+        ("response_body", text(&record.response_body)),
+        ("error_message", text(&record.error_message)),
+        ("steps", text(&record.steps)),
+    ];
+    for (name, value) in fields {
+        println!("{name:<14}{value}");
+    }
+}
+
+/// Whether a stats row counts form tokens rather than calls.
+fn is_token(row: &BizStatus) -> bool {
+    row.biz.starts_with(TOKEN_NAMESPACE)
+}
+
+pub fn print_stats(rows: &[BizStatus], oldest_processing: Option<&Record>, json: bool) {
+    let (tokens, calls): (Vec<&BizStatus>, Vec<&BizStatus>) = rows.iter().partition(|row| is_token(row));
+    if json {
+        let row = |row: &&BizStatus| json!({"biz": row.biz, "status": row.status.as_str(), "records": row.records, "expired": row.expired});
+        let oldest = oldest_processing.map(|r| {
+            json!({"biz": r.biz, "key": r.key, "created_at": instant(r.created_at), "lease_until": r.lease_until.map(instant)})
+        });
+        println!(
+            "{}",
+            json!({
+                "by_biz_and_status": calls.iter().map(row).collect::<Vec<_>>(),
+                "tokens": tokens.iter().map(row).collect::<Vec<_>>(),
+                "oldest_processing": oldest,
+            })
+        );
         return;
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header(["biz", "status", "records", "expired"]);
-    for row in rows {
+    for row in &calls {
         table.add_row([
             row.biz.clone(),
             row.status.as_str().to_owned(),
@@ -90,18 +154,35 @@ pub fn print_stats(rows: &[BizStatus], oldest_processing: Option<&Record>, json:
         ]);
     }
     println!("{table}");
-    let (records, expired) = rows
+    let (records, expired) = calls
         .iter()
         .fold((0, 0), |(r, e), row| (r + row.records, e + row.expired));
     println!("{records} records, {expired} expired and not yet purged");
+    if !tokens.is_empty() {
+        let count = |status| {
+            tokens
+                .iter()
+                .filter(|row| row.status == status)
+                .map(|row| row.records)
+                .sum::<u64>()
+        };
+        println!(
+            "form tokens: {} open, {} spent (not counted above)",
+            count(Status::Processing),
+            count(Status::Succeeded)
+        );
+    }
     match oldest_processing {
         Some(record) => println!(
-            "oldest PROCESSING: biz `{}` key `{}`, created {} ago",
+            "oldest PROCESSING: biz `{}` key `{}`, created {}, lease {}",
             record.biz,
             record.key,
-            ago(record.created_at)
+            from_now(record.created_at),
+            lease_text(record)
         ),
         None => println!("no PROCESSING record"),
     }
-    println!("duplicate and hit rates come from the calls, not the records: see idem_calls_total (feature metrics)");
+    println!(
+        "duplicate and hit rates come from the calls, not the records: see idem_calls_total (feature metrics)"
+    );
 }

@@ -3,7 +3,9 @@
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::redacted_url as redacted;
-use idem_runtime::{FenceCheck, IdempotencyStore, Lease, Record, StoreError};
+use idem_runtime::{IdempotencyStore, Record, StoreError};
+
+use crate::args::Command;
 use idem_store_redis::RedisStore;
 use idem_store_sqlx::{BizStatus, MySqlStore, PostgresStore, SqliteStore};
 
@@ -28,13 +30,37 @@ macro_rules! on_sql {
     };
 }
 
+/// What opening the store a URL names came to.
+pub enum Opened {
+    Store(Store),
+    /// No URL, or one of no kind of store idem has: bad usage.
+    Usage(String),
+    /// The store could not be reached or its table is unusable.
+    Failed(String),
+}
+
 impl Store {
     /// Connect to the store at `url`, on `table` (SQL), without migrating.
-    pub async fn open(url: &str, table: &str) -> Result<Self, String> {
+    pub async fn open(url: &str, table: &str) -> Opened {
+        match Self::connect(url, table).await {
+            Ok(Some(store)) => Opened::Store(store),
+            Ok(None) if url.is_empty() => {
+                Opened::Usage("no store: give --database-url URL or set DATABASE_URL".to_owned())
+            }
+            Ok(None) => Opened::Usage(format!(
+                "{}: unknown kind of store; use sqlite://, postgres://, mysql:// (or mariadb://) or redis://",
+                redacted(url)
+            )),
+            Err(error) => Opened::Failed(error),
+        }
+    }
+
+    /// The store at `url`, or `None` for a URL of no kind of store idem has.
+    async fn connect(url: &str, table: &str) -> Result<Option<Self>, String> {
         let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
         let failed = |e: StoreError| format!("{}: {}", redacted(url), chain(&e));
         let table_set = |e: StoreError| format!("table {table:?}: {}", chain(&e));
-        Ok(match scheme {
+        Ok(Some(match scheme {
             "sqlite" => Store::Sqlite(
                 SqliteStore::connect(url)
                     .await
@@ -50,24 +76,30 @@ impl Store {
                     .map_err(table_set)?,
             ),
             "mysql" | "mariadb" => Store::MySql(
-                MySqlStore::connect(url)
+                MySqlStore::connect(&url.replacen("mariadb:", "mysql:", 1))
                     .await
                     .map_err(failed)?
                     .with_table_name(table)
                     .map_err(table_set)?,
             ),
             "redis" | "rediss" => Store::Redis(RedisStore::connect(url).await.map_err(failed)?),
-            "" if url.is_empty() => return Err("no store: give --database-url URL or set DATABASE_URL".to_owned()),
-            other => {
-                return Err(format!(
-                    "{}: unknown kind of store {other:?}; use sqlite://, postgres://, mysql:// or redis://",
-                    redacted(url)
-                ))
-            }
-        })
+            _ => return Ok(None),
+        }))
     }
 
-    fn shared(&self) -> &dyn IdempotencyStore {
+    /// Why this store cannot run `command` (a usage error), or `None`.
+    pub fn refuses(&self, command: &Command) -> Option<String> {
+        match self {
+            Store::Redis(_) if command.needs_sql() => Some(format!(
+                "`idem {}` needs a SQL store (sqlite://, postgres://, mysql://); on Redis there are `show`, \
+                 `release` and `purge`",
+                command.name()
+            )),
+            _ => None,
+        }
+    }
+
+    pub fn shared(&self) -> &dyn IdempotencyStore {
         match self {
             Store::Sqlite(store) => store,
             Store::Postgres(store) => store,
@@ -91,16 +123,20 @@ impl Store {
         format!("{}: {}", self.name(), chain(error))
     }
 
-    pub async fn stats(&self) -> Result<Vec<BizStatus>, StoreError> {
-        on_sql!(self, store => store.stats().await, "stats")
+    pub async fn stats(&self, biz: Option<&str>) -> Result<Vec<BizStatus>, StoreError> {
+        on_sql!(self, store => store.stats(biz).await, "stats")
     }
 
-    pub async fn stuck(&self, older_than: Duration, limit: u32) -> Result<Vec<Record>, StoreError> {
-        on_sql!(self, store => store.stuck(older_than, limit).await, "stuck")
+    pub async fn oldest_processing(&self, biz: Option<&str>) -> Result<Option<Record>, StoreError> {
+        on_sql!(self, store => store.oldest_processing(biz).await, "stats")
     }
 
-    pub async fn failed(&self, limit: u32) -> Result<Vec<Record>, StoreError> {
-        on_sql!(self, store => store.failed(limit).await, "failed")
+    pub async fn stuck(&self, biz: Option<&str>, older_than: Duration, limit: u32) -> Result<Vec<Record>, StoreError> {
+        on_sql!(self, store => store.stuck(biz, older_than, limit).await, "stuck")
+    }
+
+    pub async fn failed(&self, biz: Option<&str>, limit: u32) -> Result<Vec<Record>, StoreError> {
+        on_sql!(self, store => store.failed(biz, limit).await, "failed")
     }
 
     pub async fn forget_failed(&self, biz: &str, key: &str) -> Result<bool, StoreError> {
@@ -123,9 +159,6 @@ impl Store {
         self.shared().purge_expired(SystemTime::now(), batch).await
     }
 
-    pub async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        self.shared().release(lease).await
-    }
 }
 
 /// An error and its causes, `: `-joined.

@@ -1,11 +1,14 @@
-//! The `idem` binary against a SQLite file and PostgreSQL filled with known records:
-//! its figures against the rows, its JSON parsed, its exit codes, and a purge of
+//! The `idem` binary against a SQLite file, PostgreSQL, MariaDB and Redis filled with
+//! known records: its figures against the rows, its JSON parsed, its exit codes, a
+//! claim whose body is running (never listed as stuck, never released), and a purge of
 //! 100,000 expired records.
 
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{Claim, ClaimOutcome, IdempotencyStore, Lease};
+use std::sync::Arc;
+
+use idem_runtime::{Claim, ClaimOutcome, IdempotencyStore, Idempotent, Lease};
 use serde_json::Value;
 
 fn idem(url: &str, table: &str, args: &[&str]) -> Output {
@@ -42,10 +45,11 @@ async fn claimed(
 }
 
 /// The known records: `cli.pay` 3 live SUCCESS, 2 expired SUCCESS, 1 FAIL, 1 stuck
-/// PROCESSING; `cli.sms` 2 SUCCESS.
+/// PROCESSING (its lease lapsed), 1 running PROCESSING (its lease runs); `cli.sms` 2
+/// SUCCESS; `cli.other` 1 FAIL older than `cli.pay`'s; one open form token.
 async fn fill(store: &dyn IdempotencyStore) {
     let now = idem_runtime::now();
-    let (hour, day) = (Duration::from_secs(3600), Duration::from_secs(86_400));
+    let (minute, hour, day) = (Duration::from_secs(60), Duration::from_secs(3600), Duration::from_secs(86_400));
     for key in ["live-1", "live-2", "live-3"] {
         let lease = claimed(store, "cli.pay", key, now, hour, day).await;
         assert_eq!(
@@ -60,12 +64,18 @@ async fn fill(store: &dyn IdempotencyStore) {
             idem_runtime::FenceCheck::Held
         );
     }
+    let lease = claimed(store, "cli.other", "older-failure", now - 2 * hour, hour, day).await;
+    assert_eq!(
+        store.fail(&lease, "timed out", now - 2 * hour, day).await.unwrap(),
+        idem_runtime::FenceCheck::Held
+    );
     let lease = claimed(store, "cli.pay", "declined", now, hour, day).await;
     assert_eq!(
         store.fail(&lease, "card declined", now, day).await.unwrap(),
         idem_runtime::FenceCheck::Held
     );
-    claimed(store, "cli.pay", "stuck", now - hour, 2 * hour, day).await;
+    claimed(store, "cli.pay", "stuck", now - hour, 10 * minute, day).await;
+    claimed(store, "cli.pay", "running", now - 50 * minute, 2 * hour, day).await;
     for key in ["sms-1", "sms-2"] {
         let lease = claimed(store, "cli.sms", key, now, hour, day).await;
         assert_eq!(
@@ -73,6 +83,12 @@ async fn fill(store: &dyn IdempotencyStore) {
             idem_runtime::FenceCheck::Held
         );
     }
+    idem_runtime::token::issue_on(store, "cli.form", hour).await.unwrap();
+    // A token whose time ran out: PROCESSING, its lease lapsed, never a stuck claim.
+    idem_runtime::token::issue_on(store, "cli.spent-form", Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
 }
 
 async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
@@ -87,9 +103,16 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
     };
     assert_eq!(row("cli.pay", "SUCCESS"), Some((5, 2)), "{stats}");
     assert_eq!(row("cli.pay", "FAIL"), Some((1, 0)));
-    assert_eq!(row("cli.pay", "PROCESSING"), Some((1, 0)));
+    assert_eq!(row("cli.pay", "PROCESSING"), Some((2, 0)));
     assert_eq!(row("cli.sms", "SUCCESS"), Some((2, 0)));
+    assert!(
+        rows.iter().all(|r| !r["biz"].as_str().unwrap().starts_with("token.")),
+        "form tokens are counted apart: {stats}"
+    );
+    assert_eq!(stats["tokens"][0]["biz"], "token.cli.form", "{stats}");
+    assert_eq!(stats["tokens"][0]["status"], "PROCESSING");
     assert_eq!(stats["oldest_processing"]["key"], "stuck");
+    assert!(stats["oldest_processing"]["created_at"].as_str().unwrap().ends_with('Z'), "RFC 3339: {stats}");
     let text = idem(url, table, &["stats", "--biz", "cli.sms"]);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(
@@ -97,19 +120,34 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
         "{text}"
     );
 
+    // Stuck: the lapsed claim only — not the running one, not the open form token.
     let stuck = json(&idem(url, table, &["--json", "stuck", "--older-than", "30m"]));
-    assert_eq!(stuck.as_array().unwrap().len(), 1);
-    assert_eq!(stuck[0]["key"], "stuck");
-    let failed = json(&idem(url, table, &["--json", "failed", "--biz", "cli.pay"]));
+    let keys: Vec<&str> = stuck.as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["stuck"], "{stuck}");
+    assert!(stuck[0]["lease_until"].as_str().unwrap().ends_with('Z'));
+    let every = json(&idem(url, table, &["--json", "stuck"]));
+    let keys: Vec<&str> = every.as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["stuck"], "no form token is a stuck claim: {every}");
+    let none = json(&idem(url, table, &["--json", "stuck", "--biz", "cli.sms"]));
+    assert_eq!(none.as_array().unwrap().len(), 0, "the biz filter is exact: {none}");
+    // The biz filter runs before the limit: the oldest FAIL of another biz does not
+    // take the one place.
+    let failed = json(&idem(url, table, &["--json", "failed", "--biz", "cli.pay", "--limit", "1"]));
     assert_eq!(
         (failed[0]["key"].as_str(), failed[0]["error_message"].as_str()),
-        (Some("declined"), Some("card declined"))
+        (Some("declined"), Some("card declined")),
+        "{failed}"
     );
     let shown = json(&idem(url, table, &["--json", "show", "cli.pay", "live-2"]));
     assert_eq!(
         (shown[0]["status"].as_str(), shown[0]["response_body"].as_str()),
         (Some("SUCCESS"), Some("\"ok\""))
     );
+    let shown = idem(url, table, &["show", "cli.pay", "declined"]);
+    let shown = String::from_utf8(shown.stdout).unwrap();
+    for field in ["expires_at", "lease_until", "steps", "request_body", "card declined"] {
+        assert!(shown.contains(field), "`show` prints every field: {shown}");
+    }
     assert_eq!(idem(url, table, &["show", "cli.pay", "nope"]).status.code(), Some(1));
 
     // Repairs: asked for without --yes (no terminal answer: refused), done with it.
@@ -126,6 +164,19 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
         Some(0)
     );
     assert!(store.get("cli.pay", "stuck").await.unwrap().is_none());
+    let refused = idem(url, table, &["release", "cli.pay", "running", "--yes"]);
+    assert_eq!(refused.status.code(), Some(1), "a running lease is not released");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("runs until") && said.contains("--force"), "{said}");
+    assert!(store.get("cli.pay", "running").await.unwrap().is_some());
+    assert_eq!(
+        idem(url, table, &["release", "cli.pay", "running", "--yes", "--force"])
+            .status
+            .code(),
+        Some(0),
+        "--force frees it"
+    );
+    assert!(store.get("cli.pay", "running").await.unwrap().is_none());
     assert_eq!(
         idem(url, table, &["release", "cli.pay", "live-1", "--yes"])
             .status
@@ -148,7 +199,7 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
     );
 
     let purged = json(&idem(url, table, &["--json", "purge", "--expired"]));
-    assert_eq!(purged["purged"], 2);
+    assert_eq!(purged["purged"], 3, "the two expired records and the expired token");
     assert!(store.get("cli.pay", "old-1").await.unwrap().is_none());
     assert!(store.get("cli.pay", "live-1").await.unwrap().is_some());
 
@@ -156,10 +207,68 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
 }
 
+/// A body at work, its lease renewed by the heartbeat past its first lease: `stuck`
+/// does not list it (on a SQL store, `lists`) and `release` refuses it, so the next
+/// call does not run beside it.
+async fn a_running_body_is_neither_stuck_nor_released(
+    url: &str,
+    table: &str,
+    store: Arc<dyn IdempotencyStore>,
+    lists: bool,
+) {
+    let key = unique("running-body");
+    let body = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            Idempotent::new("cli.live")
+                .store(store)
+                .lease(Duration::from_secs(1))
+                .execute(&key, async {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    Ok::<_, idem_runtime::Error>(7u32)
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (url, table, probe_key) = (url.to_owned(), table.to_owned(), key.clone());
+    tokio::task::spawn_blocking(move || {
+        if lists {
+            let stuck = json(&idem(&url, &table, &["--json", "stuck", "--older-than", "1s", "--biz", "cli.live"]));
+            assert_eq!(stuck.as_array().unwrap().len(), 0, "a renewed claim is not stuck: {stuck}");
+        }
+        let released = idem(&url, &table, &["release", "cli.live", &probe_key, "--yes"]);
+        assert_eq!(released.status.code(), Some(1), "{}", String::from_utf8_lossy(&released.stderr));
+    })
+    .await
+    .unwrap();
+    assert_eq!(body.await.unwrap().unwrap(), 7, "the body kept its claim and recorded its answer");
+    let record = store.get("cli.live", &key).await.unwrap().unwrap();
+    assert_eq!(record.status, idem_runtime::Status::Succeeded);
+}
+
+/// A store whose server refuses connections fails in about a second (not after a pool's
+/// 30 s time-out) and says why.
+fn unreachable_fails_fast(url: &str) {
+    let started = std::time::Instant::now();
+    let down = idem(url, "t", &["stats"]);
+    assert_eq!(down.status.code(), Some(3));
+    let said = String::from_utf8_lossy(&down.stderr).to_lowercase();
+    assert!(said.contains("refused"), "the driver's cause is kept: {said}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+}
+
 fn failures(url: &str) {
     let unknown = idem("ftp://somewhere", "t", &["stats"]);
-    assert_eq!(unknown.status.code(), Some(3));
+    assert_eq!(unknown.status.code(), Some(2), "an unknown kind of store is a usage error");
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("ftp://somewhere"));
+    let no_url = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("stats")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(no_url.status.code(), Some(2), "no store URL is a usage error");
+    assert!(String::from_utf8_lossy(&no_url.stderr).contains("DATABASE_URL"));
     let bogus = unique("bogus");
     let check = idem(url, &bogus, &["check"]);
     assert_eq!(check.status.code(), Some(1));
@@ -168,8 +277,8 @@ fn failures(url: &str) {
         "{}",
         String::from_utf8_lossy(&check.stderr)
     );
-    let usage = idem(url, "t", &["stuck"]);
-    assert_eq!(usage.status.code(), Some(2), "a missing --older-than is a usage error");
+    let usage = idem(url, "t", &["stuck", "--older-than", "soon"]);
+    assert_eq!(usage.status.code(), Some(2), "a bad --older-than is a usage error");
 }
 
 /// 100,000 expired records and 100 live ones: the purge reports its progress and
@@ -197,12 +306,16 @@ fn purges_exactly_the_expired(url: &str, table: &str, fill_sql: &str) -> u64 {
                 idem_runtime::FenceCheck::Held
             );
         }
+        use idem_store_sqlx::sqlx;
         if url.starts_with("sqlite") {
-            let pool = sqlx_pool_sqlite(url).await;
-            sqlx_exec_sqlite(&pool, fill_sql).await;
+            let pool = sqlx::SqlitePool::connect(url).await.unwrap();
+            sqlx::query(fill_sql).execute(&pool).await.unwrap();
+        } else if url.starts_with("postgres") {
+            let pool = sqlx::PgPool::connect(url).await.unwrap();
+            sqlx::query(fill_sql).execute(&pool).await.unwrap();
         } else {
-            let pool = sqlx_pool_postgres(url).await;
-            sqlx_exec_postgres(&pool, fill_sql).await;
+            let pool = sqlx::MySqlPool::connect(url).await.unwrap();
+            sqlx::query(fill_sql).execute(&pool).await.unwrap();
         }
     });
     let purge = idem(url, table, &["purge", "--expired", "--batch", "5000"]);
@@ -219,68 +332,107 @@ fn purges_exactly_the_expired(url: &str, table: &str, fill_sql: &str) -> u64 {
     rows.iter().map(|r| r["records"].as_u64().unwrap()).sum()
 }
 
-async fn sqlx_pool_sqlite(url: &str) -> idem_store_sqlx::sqlx::SqlitePool {
-    idem_store_sqlx::sqlx::SqlitePool::connect(url).await.unwrap()
-}
-
-async fn sqlx_exec_sqlite(pool: &idem_store_sqlx::sqlx::SqlitePool, sql: &str) {
-    idem_store_sqlx::sqlx::query(sql).execute(pool).await.unwrap();
-}
-
-async fn sqlx_pool_postgres(url: &str) -> idem_store_sqlx::sqlx::PgPool {
-    idem_store_sqlx::sqlx::PgPool::connect(url).await.unwrap()
-}
-
-async fn sqlx_exec_postgres(pool: &idem_store_sqlx::sqlx::PgPool, sql: &str) {
-    idem_store_sqlx::sqlx::query(sql).execute(pool).await.unwrap();
-}
-
 const COLUMNS: &str =
     "biz_type, idempotent_key, status, fence, lease_until, created_at, completed_at, expires_at, response_body";
+
+/// Every command and failure on the SQL store at `url` (`table` is created), and a
+/// purge of 100,000 expired records written by `fill_sql` (`{table}` in it).
+fn on_sql(url: &str, table: &str, fill_sql: &str) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = runtime.block_on(idem_store_sqlx::open_table(url, table)).unwrap();
+    runtime.block_on(the_commands(url, table, &*store));
+    runtime.block_on(a_running_body_is_neither_stuck_nor_released(url, table, store.clone(), true));
+    failures(url);
+    assert_eq!(
+        purges_exactly_the_expired(url, table, &fill_sql.replace("{table}", table)),
+        100,
+        "the 100 live records stay"
+    );
+}
+
+/// The server URL in `var`, or `None` (and a line saying so) outside CI.
+fn server_url(var: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) => Some(url),
+        Err(_) => {
+            assert!(std::env::var_os("CI").is_none(), "CI must run the CLI against {what}: {var} is not set");
+            eprintln!("NOT RUN: the CLI on {what} needs {var} (`.ci/start-databases` starts a server and prints it)");
+            None
+        }
+    }
+}
 
 #[test]
 fn on_sqlite() {
     let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
-    let table = "idempotent_record";
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let store = runtime.block_on(idem_store_sqlx::open_table(&url, table)).unwrap();
-    runtime.block_on(the_commands(&url, table, &*store));
-    failures(&url);
     let stamp = "'2020-01-01 00:00:00.000000'";
-    let fill = format!(
-        "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 100000) \
-         INSERT INTO {table} ({COLUMNS}) SELECT 'cli.bulk', 'old-' || i, 'SUCCESS', 1, {stamp}, {stamp}, {stamp}, {stamp}, '1' FROM s"
-    );
-    assert_eq!(
-        purges_exactly_the_expired(&url, table, &fill),
-        100,
-        "the 100 live records stay"
+    on_sql(
+        &url,
+        "idempotent_record",
+        &format!(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < 100000) \
+             INSERT INTO {{table}} ({COLUMNS}) SELECT 'cli.bulk', 'old-' || i, 'SUCCESS', 1, {stamp}, {stamp}, {stamp}, {stamp}, '1' FROM s"
+        ),
     );
 }
 
 #[test]
 fn on_postgres() {
-    let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must run the CLI against PostgreSQL"
-        );
-        return;
-    };
-    let table = unique("idem_cli");
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let store = runtime.block_on(idem_store_sqlx::open_table(&url, &table)).unwrap();
-    runtime.block_on(the_commands(&url, &table, &*store));
-    failures(&url);
+    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else { return };
     let stamp = "'2020-01-01 00:00:00+00'";
-    let fill = format!(
-        "INSERT INTO {table} ({COLUMNS}) SELECT 'cli.bulk', 'old-' || i, 'SUCCESS', 1, {stamp}, {stamp}, {stamp}, {stamp}, '1' \
-         FROM generate_series(1, 100000) i"
+    on_sql(
+        &url,
+        &unique("idem_cli"),
+        &format!(
+            "INSERT INTO {{table}} ({COLUMNS}) SELECT 'cli.bulk', 'old-' || i, 'SUCCESS', 1, {stamp}, {stamp}, {stamp}, {stamp}, '1' \
+             FROM generate_series(1, 100000) i"
+        ),
     );
-    assert_eq!(
-        purges_exactly_the_expired(&url, &table, &fill),
-        100,
-        "the 100 live records stay"
+    unreachable_fails_fast("postgres://postgres@127.0.0.1:1/postgres");
+}
+
+#[test]
+fn on_mariadb() {
+    let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else { return };
+    let stamp = "'2020-01-01 00:00:00'";
+    on_sql(
+        &url,
+        &unique("idem_cli"),
+        &format!(
+            "INSERT INTO {{table}} ({COLUMNS}) SELECT 'cli.bulk', CONCAT('old-', seq), 'SUCCESS', 1, {stamp}, {stamp}, {stamp}, {stamp}, '1' \
+             FROM seq_1_to_100000"
+        ),
     );
+    unreachable_fails_fast("mysql://idem:idem@127.0.0.1:1/idem");
+}
+
+#[test]
+fn on_redis() {
+    let Some(url) = server_url("IDEM_TEST_REDIS_URL", "Redis") else { return };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store: Arc<dyn IdempotencyStore> =
+        Arc::new(runtime.block_on(idem_store_redis::RedisStore::connect(&url)).unwrap());
+    let biz = unique("cli.redis");
+    let now = idem_runtime::now();
+    let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3600));
+    runtime.block_on(async {
+        claimed(&*store, &biz, "stuck", now - hour, 10 * minute, hour).await;
+        claimed(&*store, &biz, "running", now - hour, 2 * hour, hour).await;
+    });
+    let shown = json(&idem(&url, "t", &["--json", "show", &biz, "running"]));
+    assert_eq!(shown[0]["status"], "PROCESSING");
+    assert_eq!(idem(&url, "t", &["release", &biz, "running", "--yes"]).status.code(), Some(1));
+    assert_eq!(idem(&url, "t", &["release", &biz, "stuck", "--yes"]).status.code(), Some(0));
+    runtime.block_on(async {
+        assert!(store.get(&biz, "stuck").await.unwrap().is_none());
+        assert!(store.get(&biz, "running").await.unwrap().is_some());
+    });
+    assert!(idem(&url, "t", &["purge", "--expired"]).status.success());
+    for command in [&["stats"][..], &["stuck"], &["failed"], &["retry-failed", "b", "k", "--yes"], &["check"], &["migrate"]] {
+        let refused = idem(&url, "t", command);
+        assert_eq!(refused.status.code(), Some(2), "{command:?} is not a Redis command");
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a SQL store"));
+    }
+    runtime.block_on(a_running_body_is_neither_stuck_nor_released(&url, "t", store, false));
 }

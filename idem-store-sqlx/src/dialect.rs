@@ -1,17 +1,12 @@
 //! What differs between the SQL stores, as one crate-private trait, and what they share
-//! over it: the parts every store holds, building them for a table, renaming the table,
-//! connecting a pool.
+//! over it: the parts every store holds, building them for a table, renaming the table.
 
 use std::sync::Arc;
 
 use idem_runtime::StoreError;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use sqlx::pool::PoolOptions;
 use sqlx::{Database, Pool};
 use tokio::sync::OnceCell;
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::row::driver_error;
 use crate::statements::Statements;
 use crate::table::{checked_table_name, derived_name, quoted};
 
@@ -99,14 +94,3 @@ pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError>
     Ok(on_table(store.into_parts().pool, checked_table_name(name)?))
 }
 
-/// A pool connected to `url`; the error names the server (`label`) and the URL. (SQLite
-/// opens its file with options of its own.)
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) async fn connect<DB: Database>(url: &str, label: &str) -> Result<Pool<DB>, StoreError> {
-    PoolOptions::<DB>::new().connect(url).await.map_err(|e| {
-        driver_error(
-            &format!("connecting to {label} at `{}`", idem_runtime::redacted_url(url)),
-            e,
-        )
-    })
-}

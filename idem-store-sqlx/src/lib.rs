@@ -30,6 +30,8 @@
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod claim;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod connection;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod dialect;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
@@ -57,6 +59,8 @@ mod sqlite;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use mysql::MySqlStore;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use connection::ACQUIRE_TIMEOUT;
 pub use open::{connect_table, open, open_table};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -26,7 +26,8 @@ use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
 use crate::claim::Upserted;
-use crate::dialect::{connect, derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::connection::connect;
+use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, utc};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
@@ -313,6 +314,7 @@ impl Dialect for MySqlStore {
                 numbered: false,
                 greatest: "GREATEST",
                 columns: SELECT_COLUMNS,
+                biz_text: "CONVERT(biz_type USING utf8mb4)",
             },
         );
         // Order matters: first the columns the condition does not read; then

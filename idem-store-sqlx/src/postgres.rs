@@ -8,7 +8,8 @@ use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::Row;
 
 use crate::claim::Upserted;
-use crate::dialect::{connect, derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::connection::connect;
+use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
 use crate::row::{driver_error, granted_lease, record_from_row, utc};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
@@ -253,6 +254,7 @@ impl Dialect for PostgresStore {
             numbered: true,
             greatest: "GREATEST",
             columns: COLUMNS,
+            biz_text: "biz_type",
         };
         let sql = Statements::new(name, table, &flavor);
         let upsert_sql = upsert_on_conflict(table, &flavor);

@@ -287,6 +287,7 @@ impl Dialect for SqliteStore {
             numbered: false,
             greatest: "MAX",
             columns: COLUMNS,
+            biz_text: "biz_type",
         };
         let sql = Statements::new(name, table, &flavor);
         let upsert_sql = upsert_on_conflict(table, &flavor);

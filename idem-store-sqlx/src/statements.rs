@@ -14,6 +14,8 @@ pub(crate) struct Flavor {
     pub greatest: &'static str,
     /// The select list: [`COLUMNS`](crate::table::COLUMNS), or the dialect's way of reading them as text.
     pub columns: &'static str,
+    /// `biz_type` as text, for the lists that group by it.
+    pub biz_text: &'static str,
 }
 
 /// Statements shared by all dialects, with `?` turned into the dialect's placeholders.
@@ -33,15 +35,28 @@ pub(crate) struct Statements {
     pub park: String,
     pub record_steps: String,
     pub get: String,
+    /// `PROCESSING` records created before an instant whose lease lapsed (or that have
+    /// none) — never a running claim, never a form token. Binds: created before, now,
+    /// biz, biz (`''` for every biz), limit.
     pub stuck: String,
+    /// The oldest `PROCESSING` record that is not a form token, running or not. Binds:
+    /// biz, biz.
+    pub oldest_processing: String,
+    /// Live `FAIL` records. Binds: now, biz, biz, limit.
     pub failed: String,
-    /// Records by biz and status, and how many of them expired.
+    /// Records by biz and status, and how many of them expired. Binds: now, biz, biz.
     pub stats: String,
     /// Deletes a `FAIL` record, so the next call runs.
     pub forget_failed: String,
 }
 
 const HELD: &str = "biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = 'PROCESSING'";
+
+/// One biz, or every biz when the bound text is empty. Binds: biz, biz.
+const OF_BIZ: &str = "(biz_type = ? OR ? = '')";
+
+/// Not a form token's record (`idem::token` keeps them under `token.<biz>`).
+const NOT_A_TOKEN: &str = "biz_type NOT LIKE 'token.%'";
 
 impl Statements {
     pub(crate) fn new(name: &str, table: &str, flavor: &Flavor) -> Self {
@@ -76,14 +91,21 @@ impl Statements {
             )),
             stuck: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= ? \
+                 AND (lease_until IS NULL OR lease_until <= ?) AND {NOT_A_TOKEN} AND {OF_BIZ} \
                  ORDER BY created_at LIMIT ?"
             )),
+            oldest_processing: sql(format!(
+                "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND {NOT_A_TOKEN} AND {OF_BIZ} \
+                 ORDER BY created_at LIMIT 1"
+            )),
             failed: sql(format!(
-                "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > ? ORDER BY completed_at LIMIT ?"
+                "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > ? AND {OF_BIZ} \
+                 ORDER BY completed_at LIMIT ?"
             )),
             stats: sql(format!(
-                "SELECT biz_type, status, COUNT(*), COUNT(CASE WHEN expires_at <= ? THEN 1 END) FROM {table} \
-                 GROUP BY biz_type, status ORDER BY biz_type, status"
+                "SELECT {biz_text}, status, COUNT(*), COUNT(CASE WHEN expires_at <= ? THEN 1 END) FROM {table} \
+                 WHERE {OF_BIZ} GROUP BY biz_type, status ORDER BY biz_type, status",
+                biz_text = flavor.biz_text
             )),
             forget_failed: sql(format!(
                 "DELETE FROM {table} WHERE biz_type = ? AND idempotent_key = ? AND status = 'FAIL'"
@@ -154,6 +176,7 @@ mod tests {
             numbered: true,
             greatest: "GREATEST",
             columns: COLUMNS,
+            biz_text: "biz_type",
         };
         let statements = Statements::new("t", "t", &flavor);
         assert!(statements

@@ -7,33 +7,75 @@
 macro_rules! impl_store_api {
     ($store:ty, $db:ty, $stamp:ty) => {
         impl $store {
-            /// `PROCESSING` records created at least `older_than` ago (the oldest
-            /// first): claims whose holder may have died, for reconciliation.
+            /// Stuck claims, the oldest first: `PROCESSING` records created at least
+            /// `older_than` ago whose lease has lapsed (or that have none) — claims
+            /// whose holder is gone, for reconciliation (`idem stuck`). A claim whose
+            /// lease still runs is a body at work (its heartbeat renews the lease) and
+            /// is not listed; nor are form tokens. `biz` limits the list to one biz.
             pub async fn stuck(
                 &self,
+                biz: Option<&str>,
                 older_than: std::time::Duration,
                 limit: u32,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                let before = Self::stamp(idem_runtime::now() - older_than);
-                self.list("stuck", &self.parts.sql.stuck, before, limit).await
+                let now = idem_runtime::now();
+                let biz = biz.unwrap_or("");
+                let rows = sqlx::query(&self.parts.sql.stuck)
+                    .bind(Self::stamp(now - older_than))
+                    .bind(Self::stamp(now))
+                    .bind(biz)
+                    .bind(biz)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.parts.pool)
+                    .await
+                    .map_err(|e| crate::row::driver_error("stuck", e))?;
+                rows.iter().map(crate::row::record_from_row::<_, $stamp>).collect()
             }
 
-            /// Live `FAIL` records (the oldest first), for reconciliation.
-            pub async fn failed(&self, limit: u32) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                self.list(
-                    "failed",
-                    &self.parts.sql.failed,
-                    Self::stamp(idem_runtime::now()),
-                    limit,
-                )
-                .await
+            /// The oldest `PROCESSING` record (of `biz`, or of any), running or not;
+            /// form tokens are not counted. For `idem stats`.
+            pub async fn oldest_processing(
+                &self,
+                biz: Option<&str>,
+            ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
+                let biz = biz.unwrap_or("");
+                let row = sqlx::query(&self.parts.sql.oldest_processing)
+                    .bind(biz)
+                    .bind(biz)
+                    .fetch_optional(&self.parts.pool)
+                    .await
+                    .map_err(|e| crate::row::driver_error("oldest_processing", e))?;
+                row.as_ref().map(crate::row::record_from_row::<_, $stamp>).transpose()
             }
 
-            /// How many records each biz has in each status, and how many of them
-            /// expired (purgeable), for operators: `idem stats`.
-            pub async fn stats(&self) -> Result<Vec<crate::BizStatus>, idem_runtime::StoreError> {
+            /// Live `FAIL` records (the oldest first), for reconciliation; `biz` limits
+            /// the list to one biz.
+            pub async fn failed(
+                &self,
+                biz: Option<&str>,
+                limit: u32,
+            ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
+                let biz = biz.unwrap_or("");
+                let rows = sqlx::query(&self.parts.sql.failed)
+                    .bind(Self::stamp(idem_runtime::now()))
+                    .bind(biz)
+                    .bind(biz)
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.parts.pool)
+                    .await
+                    .map_err(|e| crate::row::driver_error("failed", e))?;
+                rows.iter().map(crate::row::record_from_row::<_, $stamp>).collect()
+            }
+
+            /// How many records each biz (or only `biz`) has in each status, and how
+            /// many of them expired (purgeable), for operators: `idem stats`. Form
+            /// tokens are listed under their namespace, `token.<biz>`.
+            pub async fn stats(&self, biz: Option<&str>) -> Result<Vec<crate::BizStatus>, idem_runtime::StoreError> {
+                let biz = biz.unwrap_or("");
                 let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(&self.parts.sql.stats)
                     .bind(Self::stamp(idem_runtime::now()))
+                    .bind(biz)
+                    .bind(biz)
                     .fetch_all(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error("stats", e))?;
@@ -61,24 +103,6 @@ macro_rules! impl_store_api {
                     .await
                     .map_err(|e| crate::row::driver_error("forget_failed", e))?;
                 Ok(done.rows_affected() > 0)
-            }
-
-            async fn list(
-                &self,
-                operation: &'static str,
-                sql: &str,
-                at: $stamp,
-                limit: u32,
-            ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                let rows = sqlx::query(sql)
-                    .bind(at)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::row::driver_error(operation, e))?;
-                rows.iter()
-                    .map(crate::row::record_from_row::<_, $stamp>)
-                    .collect()
             }
 
             /// Check that the table has the shape the statements rely on: every column

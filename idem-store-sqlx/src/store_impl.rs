@@ -20,8 +20,11 @@ macro_rules! impl_idempotency_store {
                 &self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<idem_runtime::ClaimOutcome, idem_runtime::StoreError> {
-                self.ensure_table().await?;
-                crate::claim::claim_or_read(claim, || self.upsert(claim), || self.get(claim.biz, claim.key)).await
+                let claimed = async {
+                    self.ensure_table().await?;
+                    crate::claim::claim_or_read(claim, || self.upsert(claim), || self.get(claim.biz, claim.key)).await
+                };
+                crate::connection::explained(&self.parts.pool, claimed.await).await
             }
 
             async fn renew(
@@ -65,7 +68,7 @@ macro_rules! impl_idempotency_store {
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                crate::rollback::retrying(|| async {
+                let released = crate::rollback::retrying(|| async {
                     let mut conn = self
                         .parts
                         .pool
@@ -73,8 +76,8 @@ macro_rules! impl_idempotency_store {
                         .await
                         .map_err(|e| crate::row::driver_error("release", e))?;
                     Self::release_in(&mut conn, &self.parts.sql, lease).await
-                })
-                .await
+                });
+                crate::connection::explained(&self.parts.pool, released.await).await
             }
 
             async fn record_steps(
@@ -96,7 +99,7 @@ macro_rules! impl_idempotency_store {
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
                 let get = <Self as crate::dialect::Dialect>::get_statement(self);
-                Self::read(&self.parts.pool, get, biz, key).await
+                crate::connection::explained(&self.parts.pool, Self::read(&self.parts.pool, get, biz, key).await).await
             }
 
             async fn purge_expired(
@@ -117,7 +120,9 @@ macro_rules! impl_idempotency_store {
                 query: impl Fn() -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
                 lease: &'q idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                crate::rollback::retrying(|| Self::write_held(&self.parts.pool, operation, query(), lease)).await
+                let written =
+                    crate::rollback::retrying(|| Self::write_held(&self.parts.pool, operation, query(), lease)).await;
+                crate::connection::explained(&self.parts.pool, written).await
             }
 
             /// Bind the lease to a holder write and run it on `executor` (the pool, or

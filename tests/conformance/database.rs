@@ -201,6 +201,27 @@ where
     assert_eq!(runs.count(), 0);
 }
 
+/// An expired PROCESSING record without a lease is never purged: nothing says its
+/// holder is gone (the SQL purges and the Redis purge alike).
+pub async fn purge_keeps_an_expired_claim_without_a_lease<F, Fut>(store: &Store, edit: F)
+where
+    F: Fn(&'static str, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let key = unique("no-lease-purge");
+    let hour = Duration::from_secs(3600);
+    let then = idem::store::now() - 3 * hour;
+    granted(store, "conformance.pay", &key, then, Duration::from_secs(1), hour).await;
+    edit("lease_until = NULL", key.clone()).await;
+    let now = idem::store::now();
+    while store.purge_expired(now, 1000).await.unwrap() > 0 {}
+    let kept = store.get("conformance.pay", &key).await.unwrap();
+    assert!(
+        kept.as_ref().is_some_and(|r| r.lease_until.is_none() && r.is_expired(now)),
+        "{kept:?}"
+    );
+}
+
 /// An expired PROCESSING record without a lease is claimed again like any expired
 /// record, and the new claim has a lease.
 pub async fn expired_claim_without_a_lease_is_claimed_with_one<F, Fut>(store: &Store, edit: F)

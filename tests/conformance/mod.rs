@@ -201,7 +201,7 @@ macro_rules! database_suite {
             let shared: $crate::conformance::calls::Store = std::sync::Arc::new(store.clone());
             let (stuck, failed) = $crate::conformance::database::stuck_and_failed(&shared).await;
             let old = std::time::Duration::from_secs(3600);
-            let listed = store.stuck(old, 100_000).await.unwrap();
+            let listed = store.stuck(None, old, 100_000).await.unwrap();
             assert!(
                 listed.iter().any(|record| record.key == stuck),
                 "the old PROCESSING claim is listed"
@@ -209,7 +209,7 @@ macro_rules! database_suite {
             assert!(listed
                 .iter()
                 .all(|record| record.status == idem::Status::Processing));
-            let listed = store.failed(100_000).await.unwrap();
+            let listed = store.failed(None, 100_000).await.unwrap();
             assert!(
                 listed.iter().any(|record| record.key == failed),
                 "the FAIL record is listed"
@@ -228,6 +228,13 @@ macro_rules! database_suite {
         async fn processing_without_a_lease_is_never_free() {
             if let Some(store) = open_dyn().await {
                 $crate::conformance::database::processing_without_a_lease_is_never_free(&store, edit).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn purge_keeps_an_expired_claim_without_a_lease() {
+            if let Some(store) = open_dyn().await {
+                $crate::conformance::database::purge_keeps_an_expired_claim_without_a_lease(&store, edit).await;
             }
         }
 

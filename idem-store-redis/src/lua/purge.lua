@@ -1,12 +1,13 @@
 -- KEYS: records found by SCAN. ARGV: 1 now. Deletes those that expired, never a
--- PROCESSING record whose lease still runs; returns how many. (On a cluster each call
+-- PROCESSING record whose lease still runs or that has none (as the SQL purges);
+-- returns how many. (On a cluster each call
 -- carries the keys of one slot.)
 local now = tonumber(ARGV[1])
 local purged = 0
 for _, k in ipairs(KEYS) do
   local h = load(k)
   if h ~= nil and tonumber(h.expires_at) <= now and
-     (h.status ~= 'PROCESSING' or h.lease_until == nil or tonumber(h.lease_until) <= now) then
+     (h.status ~= 'PROCESSING' or (h.lease_until ~= nil and tonumber(h.lease_until) <= now)) then
     redis.call('DEL', k)
     purged = purged + 1
   end

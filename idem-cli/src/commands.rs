@@ -1,0 +1,191 @@
+//! One function per command; [`run`] only dispatches.
+
+use std::time::Duration;
+
+use idem_runtime::repair::{self, Release};
+use idem_runtime::StoreError;
+
+use crate::args::{BizFilter, Cli, Command, Confirm, RecordId};
+use crate::records::{instant, print_record, print_records, print_stats};
+use crate::store::Store;
+use crate::Ended;
+
+/// Run the command `cli` names on `store`.
+pub async fn run(cli: &Cli, store: &Store) -> Ended {
+    let json = cli.json;
+    let ended = match &cli.command {
+        Command::Stats { filter } => stats(store, filter, json).await,
+        Command::Stuck {
+            older_than,
+            filter,
+            limit,
+        } => stuck(store, *older_than, filter, *limit, json).await,
+        Command::Failed { filter, limit } => failed(store, filter, *limit, json).await,
+        Command::Show { record } => show(store, record, json).await,
+        Command::Purge { batch, .. } => purge(store, *batch, json).await,
+        Command::Release { record, confirm, force } => release(store, record, confirm, *force).await,
+        Command::RetryFailed { record, confirm } => retry_failed(store, record, confirm).await,
+        Command::Migrate => migrate(store).await,
+        Command::Check => check(store).await,
+    };
+    ended.unwrap_or_else(|error| Ended::Failed(store.describe(&error)))
+}
+
+type Outcome = Result<Ended, StoreError>;
+
+async fn stats(store: &Store, filter: &BizFilter, json: bool) -> Outcome {
+    let biz = filter.biz.as_deref();
+    let rows = store.stats(biz).await?;
+    let oldest = store.oldest_processing(biz).await?;
+    print_stats(&rows, oldest.as_ref(), json);
+    Ok(Ended::Done)
+}
+
+async fn stuck(store: &Store, older_than: Duration, filter: &BizFilter, limit: u32, json: bool) -> Outcome {
+    let records = store.stuck(filter.biz.as_deref(), older_than, limit).await?;
+    print_records(&records, json);
+    Ok(Ended::Done)
+}
+
+async fn failed(store: &Store, filter: &BizFilter, limit: u32, json: bool) -> Outcome {
+    let records = store.failed(filter.biz.as_deref(), limit).await?;
+    print_records(&records, json);
+    Ok(Ended::Done)
+}
+
+async fn show(store: &Store, id: &RecordId, json: bool) -> Outcome {
+    Ok(match store.get(&id.biz, &id.key).await? {
+        Some(record) => {
+            print_record(&record, json);
+            Ended::Done
+        }
+        None => not_found(store, id),
+    })
+}
+
+fn not_found(store: &Store, id: &RecordId) -> Ended {
+    Ended::No(format!("no record of biz `{}` key `{}` in {}", id.biz, id.key, store.name()))
+}
+
+/// `idem purge --expired`: batches until none is left, with a progress spinner on a
+/// terminal, or a line per batch on stderr otherwise (a log, a pipe).
+async fn purge(store: &Store, batch: u64, json: bool) -> Outcome {
+    use std::io::IsTerminal;
+    let on_terminal = std::io::stderr().is_terminal();
+    let progress = if json || !on_terminal {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new_spinner().with_message("purging expired records")
+    };
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {pos} records purged ({per_sec}) {msg}").unwrap(),
+    );
+    let mut purged = 0u64;
+    loop {
+        match store.purge(batch).await {
+            Ok(0) => break,
+            Ok(deleted) => {
+                purged += deleted;
+                progress.set_position(purged);
+                if !on_terminal {
+                    eprintln!("purged {purged} expired records so far");
+                }
+            }
+            Err(error) => {
+                progress.abandon();
+                return Err(error);
+            }
+        }
+    }
+    progress.finish_with_message("done");
+    if json {
+        println!("{}", serde_json::json!({ "purged": purged }));
+    } else {
+        println!("purged {purged} expired records from {}", store.name());
+    }
+    Ok(Ended::Done)
+}
+
+async fn release(store: &Store, id: &RecordId, confirm: &Confirm, force: bool) -> Outcome {
+    let (biz, key) = (id.biz.as_str(), id.key.as_str());
+    let Some(record) = store.get(biz, key).await? else {
+        return Ok(not_found(store, id));
+    };
+    let question = if force {
+        format!(
+            "release the claim on biz `{biz}` key `{key}` (fence {}) even if its holder is running (the body may \
+             then run twice)",
+            record.fence
+        )
+    } else {
+        format!("release the stuck claim on biz `{biz}` key `{key}` (fence {})", record.fence)
+    };
+    if !confirmed(confirm, &question) {
+        return Ok(Ended::No("not released".to_owned()));
+    }
+    let released = if force {
+        repair::force_release(store.shared(), biz, key).await?
+    } else {
+        repair::release_stuck(store.shared(), biz, key, idem_runtime::now()).await?
+    };
+    Ok(match released {
+        Release::Released { .. } => {
+            println!("released biz `{biz}` key `{key}`: the next call runs the body");
+            Ended::Done
+        }
+        Release::NotFound => not_found(store, id),
+        Release::Finished(status) => Ended::No(format!(
+            "biz `{biz}` key `{key}` is {}, not PROCESSING: nothing to release",
+            status.as_str()
+        )),
+        Release::LeaseRunning { until, fence } => Ended::No(format!(
+            "biz `{biz}` key `{key}` is running: the lease of fence {fence} runs until {} and its holder renews it \
+             while the body runs; releasing it would run the body twice. Wait until the lease lapses (then \
+             `idem stuck` lists it), or pass --force if its holder is known to be gone",
+            instant(until)
+        )),
+        other => Ended::No(format!("biz `{biz}` key `{key}` was not released: {other:?}")),
+    })
+}
+
+async fn retry_failed(store: &Store, id: &RecordId, confirm: &Confirm) -> Outcome {
+    let (biz, key) = (id.biz.as_str(), id.key.as_str());
+    if !confirmed(
+        confirm,
+        &format!("delete the FAIL record of biz `{biz}` key `{key}` so the next call runs again"),
+    ) {
+        return Ok(Ended::No("not deleted".to_owned()));
+    }
+    Ok(if store.forget_failed(biz, key).await? {
+        println!("deleted the FAIL record of biz `{biz}` key `{key}`: the next call runs the body");
+        Ended::Done
+    } else {
+        Ended::No(format!("no FAIL record of biz `{biz}` key `{key}`"))
+    })
+}
+
+async fn migrate(store: &Store) -> Outcome {
+    store.migrate().await?;
+    println!("{}: migrated", store.name());
+    Ok(Ended::Done)
+}
+
+async fn check(store: &Store) -> Outcome {
+    Ok(match store.check().await {
+        Ok(()) => {
+            println!("{}: the table has the shape idem needs", store.name());
+            Ended::Done
+        }
+        Err(error) => Ended::No(store.describe(&error)),
+    })
+}
+
+/// Ask on the terminal, unless `--yes`.
+fn confirmed(confirm: &Confirm, what: &str) -> bool {
+    if confirm.yes {
+        return true;
+    }
+    eprint!("{what}? [y/N] ");
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer).is_ok() && matches!(answer.trim(), "y" | "Y" | "yes")
+}

@@ -1,0 +1,79 @@
+//! Connecting to a server, and saying why a connection could not be had.
+//!
+//! A pool that cannot connect retries a refused connection until its acquire timeout
+//! and then reports only the timeout ("pool timed out while waiting for an open
+//! connection"), so the cause an operator needs — connection refused, a wrong
+//! password, an unknown database — is lost. The stores connect once on their own first
+//! (that error says why), and a call that meets a pool time-out makes one connection of
+//! its own to find out why, and puts that under the store error.
+
+use std::time::Duration;
+
+use idem_runtime::StoreError;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use sqlx::{pool::PoolOptions, Connection};
+use sqlx::{ConnectOptions, Database, Pool};
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::row::driver_error;
+
+/// How long a call waits for a pooled connection before it fails with
+/// [`idem_runtime::Error::Store`] (sqlx's default is 30 s: behind an HTTP layer, every
+/// write request would hang that long while the database is down). A pool given to a
+/// store's `new(pool)` keeps its own.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long the connection that finds out why a pool timed out may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A pool connected to `url`, acquiring within [`ACQUIRE_TIMEOUT`]; the error names the
+/// server (`label`), the URL (without its password) and the driver's cause. (SQLite
+/// opens its file with options of its own.)
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn connect<DB: Database>(url: &str, label: &str) -> Result<Pool<DB>, StoreError> {
+    let failed = |e| {
+        driver_error(
+            &format!("connecting to {label} at `{}`", idem_runtime::redacted_url(url)),
+            e,
+        )
+    };
+    let options: <DB::Connection as Connection>::Options = url.parse().map_err(failed)?;
+    // One connection of our own first: a refused or unauthorised one fails at once and
+    // says why, where the pool would retry it until its time-out.
+    let first = tokio::time::timeout(ACQUIRE_TIMEOUT, options.connect())
+        .await
+        .map_err(|_| failed(sqlx::Error::PoolTimedOut))?
+        .map_err(failed)?;
+    let _ = first.close().await;
+    Ok(PoolOptions::<DB>::new()
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options))
+}
+
+/// `result`, with the cause of a pool time-out found and chained under its error.
+pub(crate) async fn explained<T, DB: Database>(pool: &Pool<DB>, result: Result<T, StoreError>) -> Result<T, StoreError> {
+    let error = match result {
+        Err(error) if timed_out(&error) => error,
+        other => return other,
+    };
+    let probe = tokio::time::timeout(PROBE_TIMEOUT, pool.connect_options().connect()).await;
+    match probe {
+        Ok(Err(cause)) => Err(StoreError::with_source(
+            format!(
+                "{} (no pooled connection within {:?})",
+                error.message(),
+                pool.options().get_acquire_timeout()
+            ),
+            cause,
+        )),
+        // The server answers now, or did not answer the probe either: the time-out is
+        // all there is to say.
+        _ => Err(error),
+    }
+}
+
+fn timed_out(error: &StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<sqlx::Error>())
+        .is_some_and(|e| matches!(e, sqlx::Error::PoolTimedOut))
+}
