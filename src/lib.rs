@@ -322,8 +322,8 @@ pub use idem_runtime::token;
 pub use idem_runtime::unordered;
 pub use idem_runtime::{
     context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,
-    Mode, OnError, Record, Status, TieredStore, Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES,
-    MAX_REQUEST_BODY,
+    Mode, OnError, Record, Status, TieredStore, Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION,
+    MAX_KEY_BYTES, MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]
@@ -350,7 +350,7 @@ pub mod store {
 pub mod __private {
     pub use idem_runtime::__private::*;
     #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-    pub use idem_store_sqlx::{admit, Admitted};
+    pub use idem_store_sqlx::{admit, transaction, Admitted, StoreCheck};
 
     /// A `store = ...` handle as the store trait object transactional mode looks into.
     pub fn store_of<'a>(handle: &'a StoreHandle<'_>) -> &'a dyn crate::IdempotencyStore {

@@ -22,8 +22,14 @@ pub enum AppError {
 
 /// The suite for one database: `$open` gives `Option<(Pool, Store)>`, `$insert` and
 /// `$count` are the business statements in its placeholders.
+///
+/// `$repeatable_read` starts a transaction's REPEATABLE READ snapshot (`""`: the database
+/// has no such level); `$replays_in_snapshot` says whether the database can answer a
+/// duplicate from the latest commit inside an older snapshot (MySQL's locking reads do;
+/// PostgreSQL refuses the write with a serialization failure, to be retried).
 macro_rules! transactional_suite {
-    ($backend:literal, $db:ty, $store:ty, $insert:literal, $count:literal, $record_count:literal, $lock_wait:literal) => {
+    ($backend:literal, $db:ty, $store:ty, $insert:literal, $count:literal, $record_count:literal, $lock_wait:literal,
+     $repeatable_read:literal, $replays_in_snapshot:literal) => {
         use std::sync::Arc;
         use std::time::Duration;
 
@@ -74,16 +80,6 @@ macro_rules! transactional_suite {
                 .execute(&mut **tx)
                 .await?;
             Ok(cents)
-        }
-
-        #[idempotent(key = key, biz = "tx.fail", tx = tx, on_error = Record)]
-        async fn decline_recorded(tx: &mut Transaction<'_, $db>, key: &str) -> Result<i64, AppError> {
-            sqlx::query($insert)
-                .bind(key)
-                .bind(1i64)
-                .execute(&mut **tx)
-                .await?;
-            Err(AppError::Declined)
         }
 
         #[idempotent(key = key, biz = "tx.fail", tx = tx)]
@@ -276,7 +272,7 @@ macro_rules! transactional_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn errors_are_released_or_recorded_inside_the_transaction() {
+        async fn errors_are_released_inside_the_transaction() {
             let Some((pool, _store)) = open().await else {
                 return;
             };
@@ -287,18 +283,97 @@ macro_rules! transactional_suite {
                 Err(AppError::Declined)
             ));
             assert_eq!(records_in(&mut tx, &key).await, 0, "released in the transaction");
-            assert!(matches!(
-                decline_recorded(&mut tx, &key).await,
-                Err(AppError::Declined)
-            ));
             tx.commit().await.unwrap();
+        }
+
+        /// `OnError::Record` would commit a FAIL only with the caller's commit, beside
+        /// the failed body's writes: the builder refuses it before anything is written
+        /// (the attribute refuses it at compile time, `tests/ui/fail/tx_on_error_record.rs`).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn recording_failures_in_a_transaction_is_refused_before_anything_is_written() {
+            let Some((pool, _store)) = open().await else {
+                return;
+            };
+            let key = unique("tx-record");
+            let op = idem::Idempotent::new("tx.fail").on_error(idem::OnError::Record);
             let mut tx = pool.begin().await.unwrap();
-            let again = decline_recorded(&mut tx, &key).await.unwrap_err();
-            assert!(
-                matches!(again, AppError::Idem(Error::PreviousFailed { .. })),
-                "{again:?}"
-            );
-            tx.rollback().await.unwrap();
+            let runs = Arc::new(Runs::default());
+            let (ran, written) = (runs.clone(), key.clone());
+            let refused = idem::sql::execute_in(&op, &mut tx, &key, move |tx| {
+                Box::pin(async move {
+                    ran.hit();
+                    sqlx::query($insert)
+                        .bind(written)
+                        .bind(1i64)
+                        .execute(&mut **tx)
+                        .await?;
+                    Err::<i64, AppError>(AppError::Declined)
+                })
+            })
+            .await
+            .unwrap_err();
+            match refused {
+                AppError::Idem(Error::InvalidOption { option, reason, .. }) => {
+                    assert_eq!(option, "on_error");
+                    assert!(reason.contains("Release"), "{reason}");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(runs.count(), 0, "the body did not run");
+            assert_eq!(records_in(&mut tx, &key).await, 0, "nothing was claimed");
+            tx.commit().await.unwrap();
+            assert_eq!(charges(&pool, &key).await, 0);
+        }
+
+        /// A duplicate whose transaction runs at REPEATABLE READ and read before its
+        /// claim, while the first call committed in between: never a second body; the
+        /// replay, or (PostgreSQL) an error that says to run the transaction again,
+        /// whose retry replays.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_duplicate_in_an_older_snapshot_runs_nothing_twice() {
+            if $repeatable_read.is_empty() {
+                return;
+            }
+            let Some((pool, _store)) = open().await else {
+                return;
+            };
+            let (key, runs) = (unique("tx-snapshot"), Runs::default());
+            let mut second = pool.begin().await.unwrap();
+            sqlx::query($repeatable_read).execute(&mut *second).await.unwrap();
+            assert_eq!(charges_in(&mut second, &key).await, 0, "the snapshot is taken");
+            let mut first = pool.begin().await.unwrap();
+            assert_eq!(pay(&mut first, &key, 42, &runs).await.unwrap(), 42);
+            first.commit().await.unwrap();
+            match pay(&mut second, &key, 42, &runs).await {
+                Ok(answer) => {
+                    assert!($replays_in_snapshot, "replayed where the database cannot");
+                    assert_eq!(answer, 42, "the first call's answer");
+                    second.commit().await.unwrap();
+                }
+                Err(AppError::Idem(Error::Store { source, .. })) if !$replays_in_snapshot => {
+                    let said = crate::conformance::chain(&source);
+                    assert!(said.contains("run the transaction again"), "{said}");
+                    second.rollback().await.unwrap();
+                    let mut again = pool.begin().await.unwrap();
+                    assert_eq!(
+                        pay(&mut again, &key, 42, &runs).await.unwrap(),
+                        42,
+                        "the retry replays"
+                    );
+                    again.commit().await.unwrap();
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+            assert_eq!(runs.count(), 1, "one body");
+            assert_eq!(charges(&pool, &key).await, 1);
+        }
+
+        async fn charges_in(tx: &mut Transaction<'_, $db>, key: &str) -> i64 {
+            sqlx::query_scalar($count)
+                .bind(key)
+                .fetch_one(&mut **tx)
+                .await
+                .unwrap()
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,7 +444,9 @@ mod sqlite {
         "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
         "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?",
-        "SELECT CAST(timeout AS TEXT) FROM pragma_busy_timeout"
+        "SELECT CAST(timeout AS TEXT) FROM pragma_busy_timeout",
+        "",
+        true
     );
 }
 
@@ -381,7 +458,9 @@ mod postgres {
         "INSERT INTO tx_charges (order_key, cents) VALUES ($1, $2)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = $1",
         "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = $1",
-        "SELECT current_setting('lock_timeout')"
+        "SELECT current_setting('lock_timeout')",
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        false
     );
 }
 
@@ -393,6 +472,8 @@ mod mysql {
         "INSERT INTO tx_charges (order_key, cents) VALUES (?, ?)",
         "SELECT COUNT(*) FROM tx_charges WHERE order_key = ?",
         "SELECT COUNT(*) FROM idempotent_record WHERE idempotent_key = ?",
-        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR)"
+        "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS CHAR)",
+        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        true
     );
 }

@@ -111,7 +111,10 @@ impl Command {
     /// Whether the command reads or changes what only a SQL table has (lists by
     /// status, the table's shape).
     pub fn needs_sql(&self) -> bool {
-        !matches!(self, Command::Show { .. } | Command::Purge { .. } | Command::Release { .. })
+        !matches!(
+            self,
+            Command::Show { .. } | Command::Purge { .. } | Command::Release { .. }
+        )
     }
 }
 

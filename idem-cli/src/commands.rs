@@ -64,7 +64,12 @@ async fn show(store: &Store, id: &RecordId, json: bool) -> Outcome {
 }
 
 fn not_found(store: &Store, id: &RecordId) -> Ended {
-    Ended::No(format!("no record of biz `{}` key `{}` in {}", id.biz, id.key, store.name()))
+    Ended::No(format!(
+        "no record of biz `{}` key `{}` in {}",
+        id.biz,
+        id.key,
+        store.name()
+    ))
 }
 
 /// `idem purge --expired`: batches until none is left, with a progress spinner on a
@@ -118,7 +123,10 @@ async fn release(store: &Store, id: &RecordId, confirm: &Confirm, force: bool) -
             record.fence
         )
     } else {
-        format!("release the stuck claim on biz `{biz}` key `{key}` (fence {})", record.fence)
+        format!(
+            "release the stuck claim on biz `{biz}` key `{key}` (fence {})",
+            record.fence
+        )
     };
     if !confirmed(confirm, &question) {
         return Ok(Ended::No("not released".to_owned()));

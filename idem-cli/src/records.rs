@@ -94,10 +94,13 @@ pub fn print_record(record: &Record, json: bool) {
         println!("{}", Value::Array(vec![to_json(record)]));
         return;
     }
-    let at = |at: Option<SystemTime>| at.map_or_else(|| "-".to_owned(), |at| format!("{} ({})", instant(at), from_now(at)));
+    let at =
+        |at: Option<SystemTime>| at.map_or_else(|| "-".to_owned(), |at| format!("{} ({})", instant(at), from_now(at)));
     let text = |text: &Option<String>| text.clone().unwrap_or_else(|| "-".to_owned());
     let lease = match record.lease_until {
-        Some(_) if record.status == Status::Processing => format!("{} — {}", at(record.lease_until), lease_text(record)),
+        Some(_) if record.status == Status::Processing => {
+            format!("{} — {}", at(record.lease_until), lease_text(record))
+        }
         _ => at(record.lease_until),
     };
     let fields = [
@@ -182,7 +185,5 @@ pub fn print_stats(rows: &[BizStatus], oldest_processing: Option<&Record>, json:
         ),
         None => println!("no PROCESSING record"),
     }
-    println!(
-        "duplicate and hit rates come from the calls, not the records: see idem_calls_total (feature metrics)"
-    );
+    println!("duplicate and hit rates come from the calls, not the records: see idem_calls_total (feature metrics)");
 }

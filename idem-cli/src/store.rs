@@ -158,7 +158,6 @@ impl Store {
     pub async fn purge(&self, batch: u64) -> Result<u64, StoreError> {
         self.shared().purge_expired(SystemTime::now(), batch).await
     }
-
 }
 
 /// An error and its causes, `: `-joined.

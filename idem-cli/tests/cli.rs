@@ -49,7 +49,11 @@ async fn claimed(
 /// SUCCESS; `cli.other` 1 FAIL older than `cli.pay`'s; one open form token.
 async fn fill(store: &dyn IdempotencyStore) {
     let now = idem_runtime::now();
-    let (minute, hour, day) = (Duration::from_secs(60), Duration::from_secs(3600), Duration::from_secs(86_400));
+    let (minute, hour, day) = (
+        Duration::from_secs(60),
+        Duration::from_secs(3600),
+        Duration::from_secs(86_400),
+    );
     for key in ["live-1", "live-2", "live-3"] {
         let lease = claimed(store, "cli.pay", key, now, hour, day).await;
         assert_eq!(
@@ -112,7 +116,13 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
     assert_eq!(stats["tokens"][0]["biz"], "token.cli.form", "{stats}");
     assert_eq!(stats["tokens"][0]["status"], "PROCESSING");
     assert_eq!(stats["oldest_processing"]["key"], "stuck");
-    assert!(stats["oldest_processing"]["created_at"].as_str().unwrap().ends_with('Z'), "RFC 3339: {stats}");
+    assert!(
+        stats["oldest_processing"]["created_at"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'),
+        "RFC 3339: {stats}"
+    );
     let text = idem(url, table, &["stats", "--biz", "cli.sms"]);
     let text = String::from_utf8(text.stdout).unwrap();
     assert!(
@@ -122,17 +132,31 @@ async fn the_commands(url: &str, table: &str, store: &dyn IdempotencyStore) {
 
     // Stuck: the lapsed claim only — not the running one, not the open form token.
     let stuck = json(&idem(url, table, &["--json", "stuck", "--older-than", "30m"]));
-    let keys: Vec<&str> = stuck.as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    let keys: Vec<&str> = stuck
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
     assert_eq!(keys, ["stuck"], "{stuck}");
     assert!(stuck[0]["lease_until"].as_str().unwrap().ends_with('Z'));
     let every = json(&idem(url, table, &["--json", "stuck"]));
-    let keys: Vec<&str> = every.as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap()).collect();
+    let keys: Vec<&str> = every
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
     assert_eq!(keys, ["stuck"], "no form token is a stuck claim: {every}");
     let none = json(&idem(url, table, &["--json", "stuck", "--biz", "cli.sms"]));
     assert_eq!(none.as_array().unwrap().len(), 0, "the biz filter is exact: {none}");
     // The biz filter runs before the limit: the oldest FAIL of another biz does not
     // take the one place.
-    let failed = json(&idem(url, table, &["--json", "failed", "--biz", "cli.pay", "--limit", "1"]));
+    let failed = json(&idem(
+        url,
+        table,
+        &["--json", "failed", "--biz", "cli.pay", "--limit", "1"],
+    ));
     assert_eq!(
         (failed[0]["key"].as_str(), failed[0]["error_message"].as_str()),
         (Some("declined"), Some("card declined")),
@@ -234,15 +258,32 @@ async fn a_running_body_is_neither_stuck_nor_released(
     let (url, table, probe_key) = (url.to_owned(), table.to_owned(), key.clone());
     tokio::task::spawn_blocking(move || {
         if lists {
-            let stuck = json(&idem(&url, &table, &["--json", "stuck", "--older-than", "1s", "--biz", "cli.live"]));
-            assert_eq!(stuck.as_array().unwrap().len(), 0, "a renewed claim is not stuck: {stuck}");
+            let stuck = json(&idem(
+                &url,
+                &table,
+                &["--json", "stuck", "--older-than", "1s", "--biz", "cli.live"],
+            ));
+            assert_eq!(
+                stuck.as_array().unwrap().len(),
+                0,
+                "a renewed claim is not stuck: {stuck}"
+            );
         }
         let released = idem(&url, &table, &["release", "cli.live", &probe_key, "--yes"]);
-        assert_eq!(released.status.code(), Some(1), "{}", String::from_utf8_lossy(&released.stderr));
+        assert_eq!(
+            released.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&released.stderr)
+        );
     })
     .await
     .unwrap();
-    assert_eq!(body.await.unwrap().unwrap(), 7, "the body kept its claim and recorded its answer");
+    assert_eq!(
+        body.await.unwrap().unwrap(),
+        7,
+        "the body kept its claim and recorded its answer"
+    );
     let record = store.get("cli.live", &key).await.unwrap().unwrap();
     assert_eq!(record.status, idem_runtime::Status::Succeeded);
 }
@@ -260,7 +301,11 @@ fn unreachable_fails_fast(url: &str) {
 
 fn failures(url: &str) {
     let unknown = idem("ftp://somewhere", "t", &["stats"]);
-    assert_eq!(unknown.status.code(), Some(2), "an unknown kind of store is a usage error");
+    assert_eq!(
+        unknown.status.code(),
+        Some(2),
+        "an unknown kind of store is a usage error"
+    );
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("ftp://somewhere"));
     let no_url = Command::new(env!("CARGO_BIN_EXE_idem"))
         .arg("stats")
@@ -341,7 +386,12 @@ fn on_sql(url: &str, table: &str, fill_sql: &str) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store = runtime.block_on(idem_store_sqlx::open_table(url, table)).unwrap();
     runtime.block_on(the_commands(url, table, &*store));
-    runtime.block_on(a_running_body_is_neither_stuck_nor_released(url, table, store.clone(), true));
+    runtime.block_on(a_running_body_is_neither_stuck_nor_released(
+        url,
+        table,
+        store.clone(),
+        true,
+    ));
     failures(url);
     assert_eq!(
         purges_exactly_the_expired(url, table, &fill_sql.replace("{table}", table)),
@@ -355,7 +405,10 @@ fn server_url(var: &str, what: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) => Some(url),
         Err(_) => {
-            assert!(std::env::var_os("CI").is_none(), "CI must run the CLI against {what}: {var} is not set");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI must run the CLI against {what}: {var} is not set"
+            );
             eprintln!("NOT RUN: the CLI on {what} needs {var} (`.ci/start-databases` starts a server and prints it)");
             None
         }
@@ -379,7 +432,9 @@ fn on_sqlite() {
 
 #[test]
 fn on_postgres() {
-    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else { return };
+    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
     let stamp = "'2020-01-01 00:00:00+00'";
     on_sql(
         &url,
@@ -394,7 +449,9 @@ fn on_postgres() {
 
 #[test]
 fn on_mariadb() {
-    let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else { return };
+    let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
+        return;
+    };
     let stamp = "'2020-01-01 00:00:00'";
     on_sql(
         &url,
@@ -409,7 +466,9 @@ fn on_mariadb() {
 
 #[test]
 fn on_redis() {
-    let Some(url) = server_url("IDEM_TEST_REDIS_URL", "Redis") else { return };
+    let Some(url) = server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store: Arc<dyn IdempotencyStore> =
         Arc::new(runtime.block_on(idem_store_redis::RedisStore::connect(&url)).unwrap());
@@ -422,14 +481,27 @@ fn on_redis() {
     });
     let shown = json(&idem(&url, "t", &["--json", "show", &biz, "running"]));
     assert_eq!(shown[0]["status"], "PROCESSING");
-    assert_eq!(idem(&url, "t", &["release", &biz, "running", "--yes"]).status.code(), Some(1));
-    assert_eq!(idem(&url, "t", &["release", &biz, "stuck", "--yes"]).status.code(), Some(0));
+    assert_eq!(
+        idem(&url, "t", &["release", &biz, "running", "--yes"]).status.code(),
+        Some(1)
+    );
+    assert_eq!(
+        idem(&url, "t", &["release", &biz, "stuck", "--yes"]).status.code(),
+        Some(0)
+    );
     runtime.block_on(async {
         assert!(store.get(&biz, "stuck").await.unwrap().is_none());
         assert!(store.get(&biz, "running").await.unwrap().is_some());
     });
     assert!(idem(&url, "t", &["purge", "--expired"]).status.success());
-    for command in [&["stats"][..], &["stuck"], &["failed"], &["retry-failed", "b", "k", "--yes"], &["check"], &["migrate"]] {
+    for command in [
+        &["stats"][..],
+        &["stuck"],
+        &["failed"],
+        &["retry-failed", "b", "k", "--yes"],
+        &["check"],
+        &["migrate"],
+    ] {
         let refused = idem(&url, "t", command);
         assert_eq!(refused.status.code(), Some(2), "{command:?} is not a Redis command");
         assert!(String::from_utf8_lossy(&refused.stderr).contains("needs a SQL store"));

@@ -17,6 +17,8 @@ const OPTIONS: [&str; 11] = [
     "key", "biz", "ttl", "mode", "lease", "on_error", "wait", "payload", "store", "tx", "crate",
 ];
 const MAX_BIZ_CHARS: usize = 64;
+/// Where form tokens keep their records (`idem::TOKEN_NAMESPACE`).
+const TOKEN_NAMESPACE: &str = "token.";
 
 /// What a key expression looks like.
 const KEY_HINT: &str = "a field path such as \"req.request_id\" or a `format!(..)` call";
@@ -57,6 +59,19 @@ impl FromMeta for Millis {
 struct Biz(LitStr);
 
 impl FromMeta for Biz {
+    fn from_expr(value: &Expr) -> darling::Result<Self> {
+        match value {
+            Expr::Lit(lit) => Self::from_value(&lit.lit),
+            other => {
+                let text = quote::ToTokens::to_token_stream(other).to_string().replace(' ', "");
+                Err(Error::custom(format!(
+                    "`biz` must be a string literal: write `biz = \"{text}\"` (the namespace is fixed at compile time)"
+                ))
+                .with_span(other))
+            }
+        }
+    }
+
     fn from_value(value: &Lit) -> darling::Result<Self> {
         let Lit::Str(lit) = value else {
             return Err(Error::custom("`biz` must be a string literal, e.g. `biz = \"pay\"`").with_span(value));
@@ -69,6 +84,11 @@ impl FromMeta for Biz {
             format!("`biz` is {chars} characters long; the limit is {MAX_BIZ_CHARS}")
         } else if text.chars().any(char::is_control) {
             "`biz` contains a control character".to_owned()
+        } else if let Some(rest) = text.strip_prefix(TOKEN_NAMESPACE) {
+            format!(
+                "`biz` must not begin with `{TOKEN_NAMESPACE}`: that namespace belongs to form tokens \
+                 (`idem::token`), whose records it would share; name it otherwise, e.g. `biz = \"{rest}\"`"
+            )
         } else {
             return Ok(Biz(lit.clone()));
         };
@@ -216,6 +236,11 @@ impl Args {
             ))
             .with_span(&Span::call_site())
         };
+        if let Some(tx) = &options.tx {
+            for error in transactional_conflicts(tx, &seen, &options) {
+                errors.push(error);
+            }
+        }
         let key = options.key.take();
         let biz = options.biz.take();
         if key.is_none() && !seen.iter().any(|name| name == "key") {
@@ -256,6 +281,38 @@ struct Options {
     store: Option<Expr>,
     tx: Option<Ident>,
     krate: Option<Path>,
+}
+
+/// The options that mean nothing, or something unsafe, beside `tx = ...`: each an
+/// error on its own tokens.
+fn transactional_conflicts(tx: &Ident, seen: &[Ident], options: &Options) -> Vec<Error> {
+    let mut errors = Vec::new();
+    let lease = seen
+        .iter()
+        .find(|name| *name == "lease")
+        .filter(|_| options.lease.is_some());
+    if let Some(name) = lease {
+        errors.push(
+            Error::custom(format!(
+                "`lease` has no meaning with `tx = {tx}`: in transactional mode the claim commits with the \
+                 transaction, so no running claim is ever visible to another call, and nothing is leased or taken \
+                 over. Remove `lease` (`wait` bounds how long a duplicate waits for the row lock)"
+            ))
+            .with_span(name),
+        );
+    }
+    if let Some(variant) = options.on_error.as_ref().filter(|variant| *variant == "Record") {
+        errors.push(
+            Error::custom(format!(
+                "`on_error = Record` cannot be used with `tx = {tx}`: the FAIL record would commit only if the \
+                 caller commits the transaction, together with whatever the body wrote before its `Err`. Use \
+                 `on_error = Release` (the default: the claim rolls back with the transaction, and a retry runs \
+                 again), and keep a failure you must remember in a table of your own"
+            ))
+            .with_span(variant),
+        );
+    }
+    errors
 }
 
 /// `tx = tx` or `tx = "tx"`: the name of the parameter that holds the transaction.

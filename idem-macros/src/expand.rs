@@ -58,10 +58,13 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let payload = args
         .payload
         .map(|payload| quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));));
-    let has_store = args.store.is_some();
+    let store_span = args.store.as_ref().map(|store| store.span());
     let (store_stmt, store_arg) = match args.store {
         Some(store) => (
-            quote_spanned!(store.span()=> let __idem_store = #private::store(&(#store));),
+            quote_spanned!(store.span()=>
+                let __idem_store_value = &(#store);
+                let __idem_store = #private::store(__idem_store_value);
+            ),
             quote_spanned!(ret_span=> ::core::option::Option::Some(&*__idem_store)),
         ),
         None => (quote!(), quote_spanned!(ret_span=> ::core::option::Option::None)),
@@ -101,7 +104,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
             let __idem_body = #body;
             #run
         },
-        Some(tx) => transactional(&private, tx, &ret, has_store, &body, ret_span),
+        Some(tx) => transactional(&private, tx, &ret, store_span, &body, ret_span),
     };
     let statements = quote! {
             #duration_checks
@@ -124,19 +127,23 @@ fn transactional(
     private: &TokenStream,
     tx: &syn::Ident,
     ret: &TokenStream,
-    has_store: bool,
+    store_span: Option<Span>,
     body: &TokenStream,
     ret_span: Span,
 ) -> TokenStream {
-    let store = if has_store {
+    let store = if store_span.is_some() {
         quote!(::core::option::Option::Some(#private::store_of(&__idem_store)))
     } else {
         quote!(::core::option::Option::None)
     };
+    // `tx` must be a transaction, and `store = ...` a store of its database: each a
+    // compile error on the tokens at fault.
+    let tx_check = quote_spanned!(tx.span()=> let __idem_tx = #private::transaction(#tx););
+    let store_check =
+        store_span.map(|span| quote_spanned!(span=> #private::StoreCheck::of(&*__idem_tx).store(__idem_store_value);));
     let returns = quote!(<#ret as #private::IdempotentReturn>);
     let admit = respan(
         quote! {
-            let __idem_tx = #tx;
             let __idem_call = match #private::admit::<_, #returns::Ok>(&__idem_op, #store, &mut *__idem_tx, __idem_key).await {
                 ::core::result::Result::Ok(#private::Admitted::Claimed(__idem_call)) => __idem_call,
                 ::core::result::Result::Ok(#private::Admitted::Replayed(__idem_value)) => {
@@ -158,11 +165,16 @@ fn transactional(
         ret_span,
     );
     // The body keeps its own spans; `tx` in it is the reborrow made for it.
+    // The reborrow for the body is spanned on `tx` too: a parameter that is no
+    // transaction is reported there, once.
+    let reborrow = quote_spanned!(tx.span()=> let #tx = &mut *__idem_tx;);
     quote! {
+        #tx_check
+        #store_check
         #admit
         let __idem_outcome = __idem_call.run({
             #[allow(unused_variables)]
-            let #tx = &mut *__idem_tx;
+            #reborrow
             #body
         }).await;
         #record

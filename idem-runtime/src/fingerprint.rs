@@ -223,7 +223,11 @@ mod tests {
         let fewer: HashSet<String> = items[1..].iter().cloned().collect();
         assert_ne!(fingerprint(&Unordered(fewer)).unwrap(), reference);
         let reversed: Vec<String> = items.iter().rev().cloned().collect();
-        assert_eq!(fingerprint(&Unordered(&reversed)).unwrap(), reference, "a marked Vec is a multiset");
+        assert_eq!(
+            fingerprint(&Unordered(&reversed)).unwrap(),
+            reference,
+            "a marked Vec is a multiset"
+        );
     }
 
     #[test]

@@ -74,7 +74,9 @@ mod tests {
         assert!(key_problem(&"k".repeat(256)).unwrap().contains("256 bytes"));
         assert!(key_problem("a\nb").unwrap().contains("at byte 1"));
         assert!(biz_problem(&"b".repeat(65)).unwrap().contains("65 characters"));
-        assert!(operation_biz_problem("token.order.submit").unwrap().contains("form tokens"));
+        assert!(operation_biz_problem("token.order.submit")
+            .unwrap()
+            .contains("form tokens"));
         assert_eq!(operation_biz_problem("tokens"), None);
     }
 }

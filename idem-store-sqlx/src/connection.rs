@@ -51,7 +51,10 @@ pub(crate) async fn connect<DB: Database>(url: &str, label: &str) -> Result<Pool
 }
 
 /// `result`, with the cause of a pool time-out found and chained under its error.
-pub(crate) async fn explained<T, DB: Database>(pool: &Pool<DB>, result: Result<T, StoreError>) -> Result<T, StoreError> {
+pub(crate) async fn explained<T, DB: Database>(
+    pool: &Pool<DB>,
+    result: Result<T, StoreError>,
+) -> Result<T, StoreError> {
     let error = match result {
         Err(error) if timed_out(&error) => error,
         other => return other,

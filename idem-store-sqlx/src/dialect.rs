@@ -93,4 +93,3 @@ pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
 pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError> {
     Ok(on_table(store.into_parts().pool, checked_table_name(name)?))
 }
-

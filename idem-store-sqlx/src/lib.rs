@@ -56,11 +56,11 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub use connection::ACQUIRE_TIMEOUT;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use mysql::MySqlStore;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use connection::ACQUIRE_TIMEOUT;
 pub use open::{connect_table, open, open_table};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -85,7 +85,8 @@ pub struct BizStatus {
 }
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use transaction::{
-    admit, execute_in, Admitted, BodyFuture, InTransaction, Table, TransactionCall, TransactionDatabase, Write,
+    admit, execute_in, transaction, Admitted, BodyFuture, InTransaction, StoreCheck, StoreOf, Table, TransactionCall,
+    TransactionDatabase, TransactionParam, Write,
 };
 
 /// The sqlx this crate is built on, so that applications name the same version.

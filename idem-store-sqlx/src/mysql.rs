@@ -315,6 +315,7 @@ impl Dialect for MySqlStore {
                 greatest: "GREATEST",
                 columns: SELECT_COLUMNS,
                 biz_text: "CONVERT(biz_type USING utf8mb4)",
+                locking_read: " LOCK IN SHARE MODE",
             },
         );
         // Order matters: first the columns the condition does not read; then

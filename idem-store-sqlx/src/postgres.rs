@@ -255,6 +255,7 @@ impl Dialect for PostgresStore {
             greatest: "GREATEST",
             columns: COLUMNS,
             biz_text: "biz_type",
+            locking_read: "",
         };
         let sql = Statements::new(name, table, &flavor);
         let upsert_sql = upsert_on_conflict(table, &flavor);

@@ -59,3 +59,21 @@ where
         }
     }
 }
+
+/// A claim in the caller's transaction that the server rolled back: the caller's whole
+/// transaction is aborted (PostgreSQL refuses to write in a REPEATABLE READ or
+/// SERIALIZABLE snapshot older than the record's commit; a deadlock or a Galera
+/// conflict rolls it back). Say so, and what to do; the driver's error stays the
+/// cause, so code that retries on SQLSTATE 40001 keeps working.
+pub(crate) fn in_transaction(error: StoreError) -> StoreError {
+    if !caused_by(&error, is_rollback) {
+        return error;
+    }
+    let message = format!(
+        "{}: the server rolled back the caller's transaction (a concurrent call committed this key after the \
+         transaction's snapshot was taken, or a deadlock): roll back and run the transaction again — the retry \
+         replays the committed answer — or claim first thing in the transaction at READ COMMITTED",
+        error.message()
+    );
+    StoreError::with_source(message, error)
+}

@@ -288,6 +288,7 @@ impl Dialect for SqliteStore {
             greatest: "MAX",
             columns: COLUMNS,
             biz_text: "biz_type",
+            locking_read: "",
         };
         let sql = Statements::new(name, table, &flavor);
         let upsert_sql = upsert_on_conflict(table, &flavor);

@@ -16,6 +16,11 @@ pub(crate) struct Flavor {
     pub columns: &'static str,
     /// `biz_type` as text, for the lists that group by it.
     pub biz_text: &'static str,
+    /// What makes the read of a refused claim in the caller's transaction read the
+    /// latest committed record rather than the transaction's snapshot (`LOCK IN SHARE
+    /// MODE` on MySQL, whose REPEATABLE READ reads a snapshot; empty where the claim
+    /// statement already did, or where nothing can).
+    pub locking_read: &'static str,
 }
 
 /// Statements shared by all dialects, with `?` turned into the dialect's placeholders.
@@ -35,6 +40,8 @@ pub(crate) struct Statements {
     pub park: String,
     pub record_steps: String,
     pub get: String,
+    /// `get` inside the caller's transaction, reading the latest commit.
+    pub get_in_transaction: String,
     /// `PROCESSING` records created before an instant whose lease lapsed (or that have
     /// none) — never a running claim, never a form token. Binds: created before, now,
     /// biz, biz (`''` for every biz), limit.
@@ -88,6 +95,10 @@ impl Statements {
             record_steps: sql(format!("UPDATE {table} SET steps = ? WHERE {HELD}")),
             get: sql(format!(
                 "SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?"
+            )),
+            get_in_transaction: sql(format!(
+                "SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?{}",
+                flavor.locking_read
             )),
             stuck: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= ? \
@@ -177,6 +188,7 @@ mod tests {
             greatest: "GREATEST",
             columns: COLUMNS,
             biz_text: "biz_type",
+            locking_read: "",
         };
         let statements = Statements::new("t", "t", &flavor);
         assert!(statements

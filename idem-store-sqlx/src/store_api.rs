@@ -29,7 +29,9 @@ macro_rules! impl_store_api {
                     .fetch_all(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error("stuck", e))?;
-                rows.iter().map(crate::row::record_from_row::<_, $stamp>).collect()
+                rows.iter()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .collect()
             }
 
             /// The oldest `PROCESSING` record (of `biz`, or of any), running or not;
@@ -45,7 +47,9 @@ macro_rules! impl_store_api {
                     .fetch_optional(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error("oldest_processing", e))?;
-                row.as_ref().map(crate::row::record_from_row::<_, $stamp>).transpose()
+                row.as_ref()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .transpose()
             }
 
             /// Live `FAIL` records (the oldest first), for reconciliation; `biz` limits
@@ -64,7 +68,9 @@ macro_rules! impl_store_api {
                     .fetch_all(&self.parts.pool)
                     .await
                     .map_err(|e| crate::row::driver_error("failed", e))?;
-                rows.iter().map(crate::row::record_from_row::<_, $stamp>).collect()
+                rows.iter()
+                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .collect()
             }
 
             /// How many records each biz (or only `biz`) has in each status, and how

@@ -99,7 +99,11 @@ macro_rules! impl_idempotency_store {
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
                 let get = <Self as crate::dialect::Dialect>::get_statement(self);
-                crate::connection::explained(&self.parts.pool, Self::read(&self.parts.pool, get, biz, key).await).await
+                crate::connection::explained(
+                    &self.parts.pool,
+                    Self::read(&self.parts.pool, get, biz, key).await,
+                )
+                .await
             }
 
             async fn purge_expired(

@@ -19,10 +19,17 @@
 //! Either way, a claim that waited out is [`Error::InProgress`]. A deadlock rolls back
 //! the whole transaction on PostgreSQL and MySQL, as it would for any statement.
 //!
-//! The isolation level is the caller's; PostgreSQL and MySQL must run the claim at READ
-//! COMMITTED or REPEATABLE READ (the defaults) and SQLite should claim before the
+//! The isolation level is the caller's. At READ COMMITTED (PostgreSQL's default) a
+//! duplicate replays the committed answer. At REPEATABLE READ (MySQL's default) a
+//! duplicate whose transaction read before its claim, while the first call committed in
+//! between, still replays on MySQL (the refused claim is read with a locking read, which
+//! reads the latest commit); PostgreSQL cannot write in a snapshot older than the
+//! record's commit and fails the claim with a serialization failure (SQLSTATE 40001,
+//! kept in the error's chain, with a message saying to run the transaction again): the
+//! transaction is aborted, and its retry replays. SQLite should claim before the
 //! transaction reads anything (a read snapshot older than a concurrent commit makes
-//! SQLite refuse the write, reported as [`Error::InProgress`]).
+//! SQLite refuse the write, reported as [`Error::InProgress`]). No isolation level runs
+//! a body twice.
 
 use std::any::Any;
 use std::fmt::Display;
@@ -294,6 +301,68 @@ where
     call.record(tx, outcome, describe).await
 }
 
+/// What `tx = ...` may name: the caller's open transaction, by mutable reference.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`tx` must name a `&mut sqlx::Transaction<'_, DB>` parameter, not `{Self}`",
+    label = "the transaction the claim and the record are written in",
+    note = "declare the parameter as `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>` (or `Sqlite`, `MySql`) and \
+            pass `&mut tx` from `pool.begin().await?`; the caller commits it"
+)]
+pub trait TransactionParam {
+    /// The transaction.
+    type Transaction;
+    /// Itself.
+    fn transaction(self) -> Self::Transaction;
+}
+
+impl<'t, 'c, DB: TransactionDatabase> TransactionParam for &'t mut sqlx::Transaction<'c, DB> {
+    type Transaction = Self;
+    fn transaction(self) -> Self {
+        self
+    }
+}
+
+/// The parameter `tx = ...` names, checked to be a transaction (a compile error on it
+/// otherwise).
+#[doc(hidden)]
+pub fn transaction<T: TransactionParam>(tx: T) -> T::Transaction {
+    tx.transaction()
+}
+
+/// A store whose table transactional mode may write in a transaction of `DB`: that
+/// database's store, or a shared `dyn IdempotencyStore` (checked when the call runs).
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`store = ...` is a `{Self}`, which is not a store of the transaction's database ({DB})",
+    label = "a store of another database",
+    note = "pass the `SqliteStore`, `PostgresStore` or `MySqlStore` of the transaction's database, or leave `store` \
+            out to use the installed one"
+)]
+pub trait StoreOf<DB> {}
+
+impl<DB> StoreOf<DB> for dyn IdempotencyStore {}
+impl<DB, S: StoreOf<DB> + ?Sized> StoreOf<DB> for Arc<S> {}
+impl<DB, S: StoreOf<DB> + ?Sized> StoreOf<DB> for &S {}
+
+/// The database of `tx`, fixed first, so that a store of another one is reported as
+/// such (a compile error on `store = ...`), not as a mismatched transaction.
+#[doc(hidden)]
+pub struct StoreCheck<DB>(PhantomData<fn() -> DB>);
+
+impl<DB: TransactionDatabase> StoreCheck<DB> {
+    /// The check for `tx`'s database.
+    pub fn of(tx: &sqlx::Transaction<'_, DB>) -> Self {
+        let _ = tx;
+        StoreCheck(PhantomData)
+    }
+
+    /// `store` may serve a transaction of this database.
+    pub fn store<S: StoreOf<DB> + ?Sized>(self, store: &S) {
+        let _ = store;
+    }
+}
+
 /// `TransactionDatabase` for one store's database: what the trait needs, from the
 /// store's statements and its dialect's claim, wait and error codes. A store provides
 /// `fn upsert_in(&mut Connection, &Table, &Claim)`, `fn lock_wait_begin(&mut
@@ -302,6 +371,8 @@ where
 macro_rules! impl_transaction_database {
     ($store:ty, $db:ty, $label:literal) => {
         impl crate::transaction::sealed::Sealed for $db {}
+
+        impl crate::transaction::StoreOf<$db> for $store {}
 
         impl crate::transaction::TransactionDatabase for $db {
             const LABEL: &'static str = $label;
@@ -349,7 +420,7 @@ macro_rules! impl_transaction_database {
                             }
                             crate::claim::Upserted::Refused(Some(record)) => Some(record),
                             crate::claim::Upserted::Refused(None) => {
-                                <$store>::read(&mut *conn, &table.sql.get, claim.biz, claim.key).await?
+                                <$store>::read(&mut *conn, &table.sql.get_in_transaction, claim.biz, claim.key).await?
                             }
                         };
                         if let Some(existing) = crate::claim::standing(claim, stood) {
@@ -366,7 +437,7 @@ macro_rules! impl_transaction_database {
                 match outcome {
                     Ok(outcome) => Ok(Some(outcome)),
                     Err(_) if locked => Ok(None),
-                    Err(error) => Err(error),
+                    Err(error) => Err(crate::rollback::in_transaction(error)),
                 }
             }
 

@@ -217,7 +217,8 @@ where
     while store.purge_expired(now, 1000).await.unwrap() > 0 {}
     let kept = store.get("conformance.pay", &key).await.unwrap();
     assert!(
-        kept.as_ref().is_some_and(|r| r.lease_until.is_none() && r.is_expired(now)),
+        kept.as_ref()
+            .is_some_and(|r| r.lease_until.is_none() && r.is_expired(now)),
         "{kept:?}"
     );
 }

@@ -451,7 +451,11 @@ pub async fn reordered_lists_are_another_payload(store: &Store) {
         legs: vec![leg("acct-2", 300), leg("acct-1", -500), leg("acct-3", 200)],
     };
     assert_eq!(transfer(store, &key, &first, &runs).await.unwrap(), 1);
-    assert_eq!(transfer(store, &key, &first, &runs).await.unwrap(), 1, "the same list replays");
+    assert_eq!(
+        transfer(store, &key, &first, &runs).await.unwrap(),
+        1,
+        "the same list replays"
+    );
     let error = transfer(store, &key, &reordered, &runs).await.unwrap_err().idem();
     assert!(matches!(error, Error::PayloadMismatch { .. }), "{error:?}");
     assert_eq!(runs.count(), 1);
@@ -460,7 +464,12 @@ pub async fn reordered_lists_are_another_payload(store: &Store) {
 /// The first call's body cuts its store off (an outage, or a partition of this
 /// process) the moment its effect is done.
 #[idempotent(key = key, biz = "injected.outage", store = store, lease = "2s")]
-async fn charge_then_lose_the_store(store: &Store, key: &str, runs: &Runs, faulty: &FaultyStore) -> Result<u32, AppError> {
+async fn charge_then_lose_the_store(
+    store: &Store,
+    key: &str,
+    runs: &Runs,
+    faulty: &FaultyStore,
+) -> Result<u32, AppError> {
     let n = runs.hit();
     if n == 1 {
         faulty.cut_off();
@@ -546,24 +555,38 @@ pub async fn a_writer_cut_off_past_its_lease_is_taken_over(store: &Store) {
     }
     let cut_at = Instant::now();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let inside = charge_then_get_cut_off(store, &key, &runs, &faulty).await.unwrap_err().idem();
+    let inside = charge_then_get_cut_off(store, &key, &runs, &faulty)
+        .await
+        .unwrap_err()
+        .idem();
     assert!(
         matches!(inside, Error::InProgress { .. }),
         "inside the lease the retry waits for the holder: {inside:?}"
     );
     tokio::time::sleep_until((cut_at + Duration::from_millis(1300)).into()).await;
     let past = charge_then_get_cut_off(store, &key, &runs, &faulty).await.unwrap();
-    assert_eq!((past, runs.count()), (2, 2), "past the lease the retry took the key over");
+    assert_eq!(
+        (past, runs.count()),
+        (2, 2),
+        "past the lease the retry took the key over"
+    );
     faulty.heal();
     let first = first.await.unwrap();
     assert!(
-        matches!(first, Err(AppError::Idem(Error::Store { .. } | Error::LeaseLost { .. }))),
+        matches!(
+            first,
+            Err(AppError::Idem(Error::Store { .. } | Error::LeaseLost { .. }))
+        ),
         "{first:?}"
     );
     let settled = Instant::now() + Duration::from_secs(10);
     loop {
         let record = store.get("injected.outage", &key).await.unwrap().unwrap();
-        assert_eq!(record.response_body.as_deref().unwrap_or("2"), "2", "the first holder's outcome was refused");
+        assert_eq!(
+            record.response_body.as_deref().unwrap_or("2"),
+            "2",
+            "the first holder's outcome was refused"
+        );
         if Instant::now() > settled {
             break;
         }

@@ -275,7 +275,10 @@ pub async fn a_step_does_not_start_once_the_lease_is_lost(store: &Store) {
     faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
     let shared = faulty.shared();
     let key = unique("steps-lost");
-    let (charges, texts) = (std::sync::Arc::new(Runs::default()), std::sync::Arc::new(Runs::default()));
+    let (charges, texts) = (
+        std::sync::Arc::new(Runs::default()),
+        std::sync::Arc::new(Runs::default()),
+    );
     let first = {
         let (shared, key, charges, texts) = (shared.clone(), key.clone(), charges.clone(), texts.clone());
         tokio::spawn(async move { charge_then_sms_after_losing(&shared, &key, &charges, &texts, true).await })

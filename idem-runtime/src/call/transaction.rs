@@ -24,6 +24,7 @@ use crate::context::{Context, LeaseSignal};
 use crate::error::{Error, StoreError};
 use crate::executor::Idempotent;
 use crate::observe::{self, Outcome};
+use crate::policy::OnError;
 use crate::record::Status;
 
 /// A store bound to one open transaction of the caller: every write goes into it.
@@ -119,6 +120,17 @@ impl Idempotent {
         T: DeserializeOwned,
     {
         let fingerprint = check_input(self, &key)?;
+        if self.on_error == OnError::Record {
+            return Err(Error::InvalidOption {
+                biz: self.biz.to_string(),
+                option: "on_error",
+                reason: "`OnError::Record` cannot be used in transactional mode: the FAIL record would commit only \
+                         if the caller commits the transaction, together with whatever the body wrote before its \
+                         `Err`. Use `OnError::Release` (the default: the claim rolls back with the transaction), and \
+                         keep a failure you must remember in a table of your own"
+                    .to_owned(),
+            });
+        }
         let claim = Claim::new(&self.biz, &key, clock::now(), self.lease, self.ttl)
             .with_fingerprint(fingerprint)
             .with_request_body(self.request_body());
