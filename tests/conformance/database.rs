@@ -117,6 +117,11 @@ pub async fn unreachable_database_fails_closed(store: &Store) {
     let error = pay(store, "any", &runs, Duration::ZERO).await.unwrap_err().idem();
     assert!(matches!(&error, Error::Store { operation: "claim", .. }), "{error:?}");
     assert!(std::error::Error::source(&error).is_some(), "the cause is kept");
+    let said = super::chain(&error).to_lowercase();
+    assert!(
+        said.contains("refused"),
+        "the driver's cause of the pool's time-out is in the chain: {said}"
+    );
     assert_eq!(runs.count(), 0, "fail closed: the body did not run");
 }
 
