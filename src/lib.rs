@@ -119,7 +119,8 @@
 //! | store slow to grant the claim | the lease is renewed before the body starts |
 //! | renewals failing while the body runs | retried within a quarter beat; the lease survives blips shorter than two thirds of it |
 //! | key taken over while the body runs | [`Context::lease_lost`] resolves; the body's outcome is refused: [`Error::LeaseLost`] |
-//! | `complete`/`fail`/`release` failing after the body | retried, renewing the lease; past half a lease the caller gets [`Error::Store`] and the write goes on without it; a response refused for twenty leases is recorded FAIL instead (duplicates get [`Error::PreviousFailed`]) |
+//! | `complete`/`fail`/`release` failing after the body | retried (at least twenty times a lease, at most a second apart), renewing the lease; past half a lease the caller gets [`Error::Store`] and the write goes on without it; a response refused for twenty leases is recorded FAIL instead (duplicates get [`Error::PreviousFailed`]) |
+//! | the store unreachable from a finished holder until its lease lapses | the one window of leased mode: nothing can tell the finished holder from a dead one, and a retry that reaches the store first runs the body again (the holder gets [`Error::LeaseLost`]). The lease runs at least two thirds of `lease` past the last moment the store was reached (the heartbeat renews it every third), so a shorter outage runs nothing twice. Transactional mode has no such window; steps with effect keys make the second run harmless |
 //! | caller dropped after the body | the outcome is still recorded |
 //! | a write that committed but whose reply was lost | recognised as the caller's own: the caller gets its result |
 //! | process killed mid-body | the lease lapses; a retry takes over and runs the body (put the business write in the same database transaction to make that safe) |
