@@ -107,12 +107,35 @@ impl PaymentService {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The error and each of its causes, in words.
+            let mut text = error.to_string();
+            let mut cause = error.source();
+            while let Some(next) = cause {
+                text.push_str(": ");
+                text.push_str(&next.to_string());
+                cause = next.source();
+            }
+            eprintln!("payment: {text}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let protected = !args.iter().any(|arg| arg == "--without-idem");
     let url = match args.iter().position(|arg| arg == "--database-url") {
         Some(at) => args.get(at + 1).ok_or("--database-url needs a value")?.clone(),
-        None => "sqlite://target/idem-payment.db".to_owned(),
+        // A file in the system's temporary folder: the example runs from any folder,
+        // under any `CARGO_TARGET_DIR`.
+        None => format!(
+            "sqlite://{}?mode=rwc",
+            std::env::temp_dir().join("idem-payment.db").display()
+        ),
     };
     let store = idem::sql::open(&url).await?;
     idem::install(store.clone());

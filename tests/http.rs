@@ -402,7 +402,7 @@ macro_rules! http_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_5xx_is_not_recorded_unless_asked() {
             for record in [false, true] {
-                let url = harness::backend_url($backend, "http").unwrap();
+                let Some(url) = harness::backend_url($backend, "http") else { return };
                 let run = conformance::unique("http");
                 // The default (not recorded), and the option turned on.
                 let server = Server::start_with(&url, &run, Duration::ZERO, |store| match record {

@@ -7,6 +7,12 @@
 //! dropped, it goes on in a task of its own. A refused write is checked against the
 //! record: a write whose reply was lost may have committed, and then the outcome
 //! recorded is this call's own.
+//!
+//! The retries are at most a twentieth of a lease apart, so a store that comes back
+//! before the lease lapses gets the outcome before a retry can take the key over. One
+//! that stays out of reach until the lease lapses cannot tell this finished holder from
+//! a dead one: a retry that reaches it first runs the body again, and this write is
+//! refused by the fence (the window of leased mode that transactional mode closes).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
