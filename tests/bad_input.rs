@@ -244,7 +244,14 @@ async fn connect_errors_name_the_url() {
 }
 
 async fn biz_too_long(store: &Store) {
-    let op = idem::Idempotent::new("b".repeat(65)).store(store.clone());
+    biz_refused(store, "b".repeat(65), "65 characters").await;
+    // The form tokens' namespace: an operation there would share their records.
+    biz_refused(store, "token.order.submit".to_owned(), "form tokens").await;
+}
+
+/// An operation in `biz` is refused with a reason containing `why`; its body does not run.
+async fn biz_refused(store: &Store, biz: String, why: &str) {
+    let op = idem::Idempotent::new(biz).store(store.clone());
     let ran = AtomicU32::new(0);
     let error = op
         .execute("k", async {
@@ -254,7 +261,7 @@ async fn biz_too_long(store: &Store) {
         .await
         .unwrap_err();
     assert!(
-        matches!(&error, Error::InvalidBiz { reason, .. } if reason.contains("65 characters")),
+        matches!(&error, Error::InvalidBiz { reason, .. } if reason.contains(why)),
         "{error:?}"
     );
     assert_eq!(ran.load(Ordering::SeqCst), 0);
