@@ -2,29 +2,42 @@
 //! retries get the first response back, and the fake bank charges once.
 //!
 //! ```text
-//! cargo run --example http_payment -- --listen 127.0.0.1:3000 --database-url sqlite://target/http_payment.db \
+//! cargo run --example http_payment -- --listen 127.0.0.1:3000 --database-url sqlite://…/http_payment.db \
 //!     --ttl 24h --bank-delay-ms 0
 //! ```
 //!
-//! Every flag is optional (those are the defaults); `postgres://…` and `mysql://…` URLs
-//! work too. Routes:
+//! Every flag is optional (those are the defaults; the SQLite file is in the system's
+//! temporary folder); `postgres://…` and `mysql://…` URLs work too. Each caller's keys
+//! are its own: a caller is its `Authorization` header (a bearer token) or its session
+//! cookie, together with its `X-Tenant` header when it sends one, hashed; a request
+//! with none of them is refused (401). Routes:
 //!
-//! - `POST /payments` `{"user": "ada", "cents": 1990}` with `Idempotency-Key: "…"` and
-//!   `X-Tenant: …` → 201 `{"charge_id": 1, "cents": 1990}`; `cents > 1000000` → 402
-//!   problem+json "card declined" (the handler ran: recorded and replayed); `cents <= 0`
-//!   → 400 from validation before the handler (not recorded);
+//! - `GET /` → a payment page: a form (user, amount), a `pay` button and a `receipt`
+//!   element. Each rendering mints the key its form sends (and sets a session cookie),
+//!   so double clicks and clicks while the first request runs are one payment, and a
+//!   freshly rendered form is a new one;
+//! - `POST /payments` `{"user": "ada", "cents": 1990}` with `Idempotency-Key` (a UUID,
+//!   or a quoted string) → 201 `{"charge_id": 1, "cents": 1990}`; `cents > 1000000` →
+//!   402 problem+json "card declined" (the handler ran: recorded and replayed);
+//!   `cents <= 0` → 400 from validation before the handler (not recorded); another
+//!   method → 405;
+//! - `POST /statements` `{"lines": N}` with `Idempotency-Key` → `text/event-stream`,
+//!   one event a line, one every 100 ms, passed on as it streams;
 //! - `GET /bank/charges` → `{"count": N}`, the charges the fake bank made.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{FromRequest, Request, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{header, HeaderMap, HeaderName, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
@@ -108,6 +121,101 @@ async fn pay(State(bank): State<Arc<Bank>>, ValidPayment(payment): ValidPayment)
         .into_response()
 }
 
+#[derive(Deserialize)]
+struct StatementRequest {
+    lines: u32,
+}
+
+/// A statement as server-sent events, one line every 100 ms: streamed through the
+/// layer as it is made.
+async fn statement(
+    Json(request): Json<StatementRequest>,
+) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    idem::http::started();
+    let lines = futures::stream::iter(1..=request.lines.min(1000)).then(|n| async move {
+        if n > 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Event::default().data(format!("line {n}")))
+    });
+    Sse::new(lines)
+}
+
+/// The payment page. Each rendering mints the key its form sends, and a session
+/// cookie for a browser that has none: the page is the caller, the form the request.
+async fn page(headers: HeaderMap) -> Response {
+    let key = random_id();
+    let html = PAGE.replace("{{KEY}}", &key);
+    let has_session = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .any(|cookie| cookie.to_str().is_ok_and(|c| c.contains("session=")));
+    let mut response = Html(html).into_response();
+    if !has_session {
+        let cookie = format!("session={}; Path=/; HttpOnly; SameSite=Strict", random_id());
+        if let Ok(value) = cookie.parse() {
+            response.headers_mut().insert(header::SET_COOKIE, value);
+        }
+    }
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, "no-store".parse().unwrap());
+    response
+}
+
+/// A random UUID (v4), as a page or a client mints a key.
+fn random_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+const PAGE: &str = r#"<!doctype html>
+<html><head><meta charset="utf-8"><title>Pay</title></head>
+<body>
+<form id="payment">
+  <label>User <input id="user" name="user" value="ada"></label>
+  <label>Amount (cents) <input id="cents" name="cents" type="number" value="1990"></label>
+  <button id="pay" type="submit">Pay</button>
+</form>
+<p id="receipt">not paid yet</p>
+<script>
+// The key of this form: minted when the page was rendered, the same for every click.
+const key = "{{KEY}}";
+document.getElementById("payment").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const body = JSON.stringify({
+    user: document.getElementById("user").value,
+    cents: Number(document.getElementById("cents").value),
+  });
+  // A click while the first request runs is its duplicate: the server answers 409 until
+  // the first is done, then the first answer. Ask again after Retry-After.
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const response = await fetch("/payments", {
+      method: "POST",
+      headers: {"Content-Type": "application/json", "Idempotency-Key": key},
+      body,
+    });
+    if (response.status === 409) {
+      const after = Number(response.headers.get("Retry-After") || "1");
+      await new Promise((done) => setTimeout(done, Math.min(after, 1) * 300));
+      continue;
+    }
+    const answer = await response.json();
+    const replayed = response.headers.get("Idempotent-Replayed") === "true";
+    const receipt = document.getElementById("receipt");
+    receipt.textContent = response.ok
+      ? `charge ${answer.charge_id}${replayed ? " (replayed)" : ""}`
+      : `refused: ${answer.title}`;
+    receipt.dataset.chargeId = response.ok ? String(answer.charge_id) : "";
+    // Every answer this form was shown, in order, and how many clicks were answered.
+    receipt.dataset.shown = `${receipt.dataset.shown || ""}${receipt.dataset.chargeId} `;
+    receipt.dataset.answered = String(Number(receipt.dataset.answered || "0") + 1);
+    return;
+  }
+});
+</script>
+</body></html>
+"#;
+
 async fn charges(State(bank): State<Arc<Bank>>) -> Json<serde_json::Value> {
     Json(json!({"count": bank.charges.load(Ordering::SeqCst)}))
 }
@@ -123,7 +231,10 @@ struct Options {
 fn options() -> Result<Options, String> {
     let mut options = Options {
         listen: "127.0.0.1:3000".parse().unwrap(),
-        database_url: format!("sqlite://{}/http_payment.db", target_dir()),
+        database_url: format!(
+            "sqlite://{}?mode=rwc",
+            std::env::temp_dir().join("idem-http_payment.db").display()
+        ),
         ttl: Duration::from_secs(24 * 3600),
         bank_delay: Duration::ZERO,
     };
@@ -164,11 +275,6 @@ fn duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(n * secs))
 }
 
-/// Cargo's target directory, where the default SQLite file goes.
-fn target_dir() -> String {
-    std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target").to_owned())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = match options() {
@@ -179,16 +285,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let store = idem::sql::open(&options.database_url).await?;
-    let payments = IdempotencyLayer::new(Idempotent::new("http.payments").store(store).ttl(options.ttl))
-        .tenant(|request| Some(request.headers.get("x-tenant")?.to_str().ok()?.to_owned()))
-        .replay_header(header::LOCATION);
+    // The safe default: each caller's keys are its own (its bearer token or session
+    // cookie, with its X-Tenant when it sends one, hashed); no credentials → 401.
+    let layer = |biz: &'static str| {
+        IdempotencyLayer::new(Idempotent::new(biz).store(store.clone()).ttl(options.ttl))
+            .tenant_header(HeaderName::from_static("x-tenant"))
+            .replay_header(header::LOCATION)
+    };
     let bank = Arc::new(Bank {
         delay: options.bank_delay,
         charges: AtomicU64::new(0),
     });
+    // Each layer on its method router: another method gets axum's own 405.
     let app = Router::new()
-        .route("/payments", post(pay))
-        .route_layer(payments)
+        .route("/", get(page))
+        .route("/payments", post(pay).route_layer(layer("http.payments")))
+        .route("/statements", post(statement).route_layer(layer("http.statements")))
         .route("/bank/charges", get(charges))
         .with_state(bank);
     let listener = tokio::net::TcpListener::bind(options.listen).await?;

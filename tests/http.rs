@@ -15,6 +15,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 use harness::{AppError, Effects};
 use idem::http::{IdempotencyKeyExt, IdempotencyLayer};
 use idem::{idempotent, IdempotencyStore, Idempotent};
@@ -133,20 +134,35 @@ async fn authenticate(request: Request, next: axum::middleware::Next) -> Respons
     }
 }
 
+/// A statement streamed as server-sent events: `lines` events, 100 ms apart.
+async fn statement(Json(request): Json<Value>) -> Response {
+    idem::http::started();
+    let lines = request["lines"].as_u64().unwrap_or(1);
+    let events = futures::stream::iter(1..=lines).then(|n| async move {
+        if n > 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().data(format!("line {n}")))
+    });
+    axum::response::sse::Sse::new(events).into_response()
+}
+
+/// Each layer on its method router, as the README shows: another method gets axum's 405.
 fn app(shop: Arc<Shop>, layer: IdempotencyLayer) -> Router {
     Router::new()
-        .route("/payments", post(pay))
-        .route("/explode", post(explode))
+        .route("/payments", post(pay).route_layer(layer.clone()))
+        .route("/explode", post(explode).route_layer(layer.clone()))
+        .route("/statements", post(statement).route_layer(layer))
         .route("/bank/charges", get(charges))
-        .route_layer(layer)
         .layer(axum::middleware::from_fn(authenticate))
         .with_state(shop)
 }
 
-/// The layer as the tests configure it, over `store`.
+/// The layer as the tests configure it, over `store`: the tenant named by the
+/// `X-Tenant` header's bytes (any UTF-8, not only ASCII).
 fn layer(op: Idempotent, store: &Store) -> IdempotencyLayer {
     IdempotencyLayer::new(op.store(store.clone()))
-        .tenant(|request| Some(request.headers.get("x-tenant")?.to_str().ok()?.to_owned()))
+        .tenant(|request| String::from_utf8(request.headers.get("x-tenant")?.as_bytes().to_vec()).ok())
         .replay_header(header::LOCATION)
         .body_limit(4096)
 }
@@ -285,7 +301,7 @@ macro_rules! http_suite {
             Answer::of(server.pay("acme", None, &payment(100)))
                 .await
                 .assert_problem(400, "idempotency-key");
-            for bad in ["\"unterminated", "(\"a\")", "12", &format!("\"{}\"", "k".repeat(256))] {
+            for bad in ["\"unterminated", "(\"a\")", "a b", &format!("\"{}\"", "k".repeat(256))] {
                 let request = server
                     .client
                     .post(format!("{}/payments", server.base))
@@ -329,7 +345,7 @@ macro_rules! http_suite {
             assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
             Answer::of(server.pay("acme", Some(&key), &payment(200)))
                 .await
-                .assert_problem(422, "different payload");
+                .assert_problem(422, "/cents");
             assert_eq!(server.runs(), 1);
         }
 
@@ -469,6 +485,193 @@ macro_rules! http_suite {
             assert_ne!(acme.json()["charge_id"], globex.json()["charge_id"]);
             let again = Answer::of(server.pay("globex", Some(&key), &payment(100))).await;
             assert_eq!(again.body, globex.body);
+        }
+
+        /// The layer with its defaults: callers told apart by their credentials.
+        async fn server_by_credentials(configure: fn(IdempotencyLayer) -> IdempotencyLayer) -> Option<Server> {
+            let url = harness::backend_url($backend, "http")?;
+            let run = conformance::unique("http");
+            let server = Server::start_with(&url, &run, Duration::ZERO, |store| {
+                configure(IdempotencyLayer::new(op().store(store.clone())).replay_header(header::LOCATION))
+            })
+            .await;
+            Some(server)
+        }
+
+        /// A POST to `path` as `caller` (a bearer token, or none), with `key` and a raw body.
+        fn post_as(server: &Server, path: &str, caller: Option<&str>, key: &str, body: &str) -> reqwest::RequestBuilder {
+            let mut request = server
+                .client
+                .post(format!("{}{path}", server.base))
+                .header("x-tenant", "gateway") // what the outer authentication layer wants
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+            if let Some(caller) = caller {
+                request = request.header("authorization", format!("Bearer {caller}"));
+            }
+            request
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn two_bearer_tokens_with_one_key_are_two_callers() {
+            let Some(server) = server_by_credentials(|layer| layer).await else { return };
+            let key = conformance::unique("statement");
+            let body = r#"{"user":"ada","cents":100}"#;
+            let alice = Answer::of(post_as(&server, "/payments", Some("alice-token"), &key, body)).await;
+            let bob = Answer::of(post_as(&server, "/payments", Some("bob-token"), &key, body)).await;
+            assert_eq!((alice.status, bob.status), (201, 201), "{} {}", alice.body, bob.body);
+            assert_eq!(bob.header("idempotent-replayed"), None, "bob never gets alice's response");
+            assert_ne!(alice.json()["charge_id"], bob.json()["charge_id"]);
+            let again = Answer::of(post_as(&server, "/payments", Some("alice-token"), &key, body)).await;
+            assert_eq!((again.body.as_str(), again.header("idempotent-replayed")), (alice.body.as_str(), Some("true")));
+            // No credentials: refused, never "anonymous".
+            Answer::of(post_as(&server, "/payments", None, &key, body))
+                .await
+                .assert_problem(401, "credentials");
+            assert_eq!(server.runs(), 2);
+            let rows = server.shop.store.get("http.pay", &format!("POST /payments 4:acme {key}")).await.unwrap();
+            assert!(rows.is_none(), "records are not under a shared scope");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn non_ascii_tenants_never_merge() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            let as_tenant = |tenant: &[u8]| {
+                server
+                    .client
+                    .post(format!("{}/payments", server.base))
+                    .header("x-tenant", reqwest::header::HeaderValue::from_bytes(tenant).unwrap())
+                    .header("idempotency-key", key.as_str())
+                    .json(&payment(100))
+            };
+            let grosse = Answer::of(as_tenant("größe-ag".as_bytes())).await;
+            let mueller = Answer::of(as_tenant("müller-gmbh".as_bytes())).await;
+            assert_eq!((grosse.status, mueller.status), (201, 201), "{} {}", grosse.body, mueller.body);
+            assert_eq!(mueller.header("idempotent-replayed"), None);
+            assert_ne!(grosse.json()["charge_id"], mueller.json()["charge_id"]);
+            // A tenant the function cannot name (not UTF-8): refused, not anonymous.
+            Answer::of(as_tenant(&[0xff, 0xfe])).await.assert_problem(401, "tenant");
+            assert_eq!(server.runs(), 2);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bare_uuid_keys_are_keys() {
+            let Some(server) = server_by_credentials(|layer| layer).await else { return };
+            let body = r#"{"user":"ada","cents":100}"#;
+            let mut digits_first = 0;
+            for _ in 0..24 {
+                let key = uuid::Uuid::new_v4().to_string();
+                digits_first += usize::from(key.starts_with(|c: char| c.is_ascii_digit()));
+                let first = Answer::of(post_as(&server, "/payments", Some("t"), &key, body)).await;
+                assert_eq!(first.status, 201, "{key}: {}", first.body);
+                let again = Answer::of(post_as(&server, "/payments", Some("t"), &key, body)).await;
+                assert_eq!(again.header("idempotent-replayed"), Some("true"), "{key}");
+            }
+            assert_eq!(server.runs(), 24);
+            harness::say(&format!("bare UUID keys: 24 of 24 accepted ({digits_first} starting with a digit)"));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_method_the_route_does_not_serve_is_405() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let request = server
+                .client
+                .patch(format!("{}/payments", server.base))
+                .header("x-tenant", "acme")
+                .header("idempotency-key", "k-405")
+                .json(&payment(100));
+            let answer = Answer::of(request).await;
+            assert_eq!(answer.status, 405, "{}", answer.body);
+            assert_eq!(answer.header("allow"), Some("POST"));
+            assert_eq!(server.runs(), 0);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn problem_details_speak_to_the_client_only() {
+            let Some((server, _)) = server(op(), Duration::from_millis(400)).await else { return };
+            let server = Arc::new(server);
+            let key = conformance::unique("k");
+            let first = tokio::spawn({
+                let (server, key) = (server.clone(), key.clone());
+                async move { Answer::of(server.pay("acme", Some(&key), &payment(100))).await }
+            });
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let running = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+            assert_eq!(first.await.unwrap().status, 201);
+            let reused = Answer::of(server.pay("acme", Some(&key), &payment(200))).await;
+            for answer in [&running, &reused] {
+                let detail = answer.json()["detail"].as_str().unwrap().to_owned();
+                for internal in ["http.pay", "4:acme", "POST /payments", "biz", "sha256"] {
+                    assert!(!detail.contains(internal), "{internal} leaked: {detail}");
+                }
+            }
+            assert_eq!((running.status, reused.status), (409, 422));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn the_same_json_serialized_again_is_the_same_request() {
+            let Some(server) = server_by_credentials(|layer| layer.ignore_field("/sent_at")).await else { return };
+            let key = conformance::unique("k");
+            let first = Answer::of(post_as(&server, "/payments", Some("t"), &key, r#"{"user":"ada","cents":100,"sent_at":1}"#)).await;
+            assert_eq!(first.status, 201);
+            let reserialized = "{ \"cents\": 100,\n  \"sent_at\": 2, \"user\": \"ada\" }";
+            let again = Answer::of(post_as(&server, "/payments", Some("t"), &key, reserialized)).await;
+            assert_eq!((again.status, again.header("idempotent-replayed")), (201, Some("true")), "{}", again.body);
+            let other = Answer::of(post_as(&server, "/payments", Some("t"), &key, r#"{"user":"bob","cents":100}"#)).await;
+            other.assert_problem(422, "/user");
+            assert!(!other.body.contains("bob") && !other.body.contains("ada"), "paths, not values: {}", other.body);
+            assert_eq!(server.runs(), 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_stream_passes_on_as_it_comes_and_replays_when_kept() {
+            let Some(server) = server_by_credentials(|layer| layer).await else { return };
+            let key = conformance::unique("k");
+            let started = std::time::Instant::now();
+            let mut response = post_as(&server, "/statements", Some("t"), &key, r#"{"lines":8}"#).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            let first = response.chunk().await.unwrap().unwrap();
+            let first_at = started.elapsed();
+            assert!(String::from_utf8_lossy(&first).contains("line 1"));
+            let mut text = String::from_utf8_lossy(&first).into_owned();
+            while let Some(chunk) = response.chunk().await.unwrap() {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            let whole_at = started.elapsed();
+            assert!(text.contains("line 8"), "{text}");
+            assert!(
+                first_at * 3 < whole_at,
+                "the first event came before the stream ended: {first_at:?} of {whole_at:?}"
+            );
+            let again = Answer::of(post_as(&server, "/statements", Some("t"), &key, r#"{"lines":8}"#)).await;
+            assert_eq!((again.status, again.header("idempotent-replayed")), (200, Some("true")));
+            assert_eq!(again.body, text, "kept whole, replayed whole");
+            harness::say(&format!(
+                "http stream on {}: first event after {first_at:?}, the 8th after {whole_at:?}",
+                $backend
+            ));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_stream_above_the_limit_is_never_held_and_runs_once() {
+            let Some(server) = server_by_credentials(|layer| layer.response_limit(40)).await else { return };
+            let key = conformance::unique("k");
+            let first = Answer::of(post_as(&server, "/statements", Some("t"), &key, r#"{"lines":5}"#)).await;
+            assert_eq!(first.status, 200);
+            assert!(first.body.contains("line 5"), "the client got it all: {}", first.body);
+            // The record is written when the stream ends, in a task of its own.
+            let mut again = Answer::of(post_as(&server, "/statements", Some("t"), &key, r#"{"lines":5}"#)).await;
+            for _ in 0..50 {
+                if again.status != 409 || !again.body.contains("in-progress") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                again = Answer::of(post_as(&server, "/statements", Some("t"), &key, r#"{"lines":5}"#)).await;
+            }
+            again.assert_problem(409, "not kept");
+            assert_eq!(server.runs(), 0, "the statement handler is not counted");
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,11 +9,17 @@ use http::Method;
 use idem_runtime::{Idempotent, Mode, OnError};
 use tower_layer::Layer;
 
+use crate::body_print::BodyFingerprint;
+use crate::caller::Callers;
 use crate::outgoing::IDEMPOTENCY_KEY;
 use crate::service::IdempotencyService;
 
 /// How much of a request body the layer buffers by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+
+/// The largest response the layer records by default: 1 MiB. A larger one, or a
+/// streamed one that grows past it, goes to the client as it comes and is not kept.
+pub const DEFAULT_RESPONSE_LIMIT: usize = 1 << 20;
 
 /// Which 4xx responses are recorded and replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -28,16 +34,17 @@ pub enum ClientErrors {
     Always,
 }
 
-/// The application's tenant of a request: the same key from two tenants is two requests.
-type Tenant = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
-
 /// `tower::Layer` that makes the requests it wraps idempotent by their
 /// `Idempotency-Key` header, on any idem store, with the records, leases, fences and
 /// `wait` of [`Idempotent`].
 ///
 /// Defaults: header `Idempotency-Key`, required on `POST` and `PATCH` (every other
-/// method passes through untouched), no tenant, bodies up to [`DEFAULT_BODY_LIMIT`],
-/// 4xx recorded when [`ClientErrors::WhenStarted`], 5xx not recorded (the claim is
+/// method passes through untouched); each caller's keys kept apart by the request's
+/// credentials (`Authorization`, else `Cookie`, hashed), a request without any refused
+/// with 401; JSON bodies fingerprinted as data ([`BodyFingerprint::CanonicalJson`]);
+/// request bodies up to [`DEFAULT_BODY_LIMIT`]; responses recorded up to
+/// [`DEFAULT_RESPONSE_LIMIT`] and streamed responses passed on as they come; 4xx
+/// recorded when [`ClientErrors::WhenStarted`], 5xx not recorded (the claim is
 /// released so a retry runs), `Retry-After: 1` on a 409.
 ///
 /// The operation's `biz`, `ttl`, `lease`, `wait` and store are used as given; its mode
@@ -55,7 +62,10 @@ pub(crate) struct Settings {
     pub(crate) header: HeaderName,
     pub(crate) methods: Vec<Method>,
     pub(crate) required: bool,
-    pub(crate) tenant: Option<Tenant>,
+    pub(crate) callers: Callers,
+    pub(crate) body_fingerprint: BodyFingerprint,
+    pub(crate) ignored_fields: Vec<String>,
+    pub(crate) response_limit: usize,
     pub(crate) replayable: Vec<HeaderName>,
     pub(crate) record_server_errors: bool,
     pub(crate) client_errors: ClientErrors,
@@ -89,9 +99,11 @@ impl IdempotencyLayer {
     ///         .store(Arc::new(MemoryStore::new()))
     ///         .ttl(Duration::from_secs(24 * 3600)),
     /// )
+    /// // The caller is the account the gateway names (after authenticating it);
+    /// // a request without one is refused (401).
     /// .tenant(|request| {
-    ///     let tenant = request.headers.get("x-tenant")?;
-    ///     Some(tenant.to_str().ok()?.to_owned())
+    ///     let account = request.headers.get("x-account")?;
+    ///     String::from_utf8(account.as_bytes().to_vec()).ok()
     /// })
     /// .replay_header(http::header::LOCATION);
     /// ```
@@ -102,7 +114,10 @@ impl IdempotencyLayer {
                 header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
                 required: true,
-                tenant: None,
+                callers: Callers::default(),
+                body_fingerprint: BodyFingerprint::default(),
+                ignored_fields: Vec::new(),
+                response_limit: DEFAULT_RESPONSE_LIMIT,
                 replayable: Vec::new(),
                 record_server_errors: false,
                 client_errors: ClientErrors::default(),
@@ -134,11 +149,75 @@ impl IdempotencyLayer {
         self.with(|s| s.required = false)
     }
 
-    /// The tenant of a request (the authenticated user, an account header): keys are
-    /// scoped by it, so one tenant never receives another's response. `None`, or no
-    /// tenant function, is the anonymous tenant.
+    /// The tenant of a request (the authenticated user, an account header) keeps its
+    /// keys apart from other tenants', instead of the request's credentials. A request
+    /// for which it answers `None` is refused with 401, never treated as anonymous:
+    /// read a header's bytes (`String::from_utf8(value.as_bytes().to_vec()).ok()`), not
+    /// `to_str()`, which fails on non-ASCII names.
     pub fn tenant(self, tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.with(|s| s.tenant = Some(Arc::new(tenant)))
+        self.with(|s| s.callers = Callers::Tenant(Arc::new(tenant)))
+    }
+
+    /// Keep callers apart by the value of the cookie `name` alone (a session cookie),
+    /// instead of the whole `Authorization`/`Cookie` headers: other cookies may then
+    /// change between retries. A request without that cookie is refused with 401.
+    pub fn tenant_cookie(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.with(|s| {
+            let tenant_header = match &s.callers {
+                Callers::Credentials { tenant_header, .. } => tenant_header.clone(),
+                _ => None,
+            };
+            s.callers = Callers::Credentials {
+                cookie: Some(name),
+                tenant_header,
+            }
+        })
+    }
+
+    /// Keep callers apart by the header `name` (an account or tenant id, any bytes)
+    /// together with the request's credentials: a request with either is scoped by both,
+    /// hashed; one with neither is refused with 401.
+    pub fn tenant_header(self, name: HeaderName) -> Self {
+        self.with(|s| {
+            let cookie = match &s.callers {
+                Callers::Credentials { cookie, .. } => cookie.clone(),
+                _ => None,
+            };
+            s.callers = Callers::Credentials {
+                cookie,
+                tenant_header: Some(name),
+            }
+        })
+    }
+
+    /// Every caller of these routes shares one record per key: the same key and body
+    /// from two callers get one response. Only for routes whose response is the same
+    /// for everybody (a public action keyed by its own id).
+    pub fn shared(self) -> Self {
+        self.with(|s| s.callers = Callers::Shared)
+    }
+
+    /// How request bodies are fingerprinted (default [`BodyFingerprint::CanonicalJson`]).
+    pub fn body_fingerprint(self, how: BodyFingerprint) -> Self {
+        self.with(|s| s.body_fingerprint = how)
+    }
+
+    /// Leave the JSON field at `pointer` (a JSON Pointer: `/sent_at`, `/meta/trace_id`)
+    /// and everything under it out of the fingerprint: a retry may change it.
+    pub fn ignore_field(self, pointer: impl Into<String>) -> Self {
+        let pointer = pointer.into();
+        self.with(|s| s.ignored_fields.push(pointer))
+    }
+
+    /// The largest response recorded whole (default [`DEFAULT_RESPONSE_LIMIT`]). A
+    /// response without a known length (a stream) or a larger one is passed on as it
+    /// comes, kept up to this size, and recorded only if it ended within it; otherwise
+    /// the record says it ran and duplicates get 409 ([`Problem::NotReplayable`]).
+    ///
+    /// [`Problem::NotReplayable`]: crate::Problem::NotReplayable
+    pub fn response_limit(self, bytes: usize) -> Self {
+        self.with(|s| s.response_limit = bytes)
     }
 
     /// Record `header` with the response and give it back on replays (`content-type`
@@ -178,7 +257,8 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("header", &s.header)
             .field("methods", &s.methods)
             .field("required", &s.required)
-            .field("tenant", &s.tenant.is_some())
+            .field("callers", &s.callers)
+            .field("body_fingerprint", &s.body_fingerprint)
             .field("replayable", &s.replayable)
             .field("record_server_errors", &s.record_server_errors)
             .field("client_errors", &s.client_errors)

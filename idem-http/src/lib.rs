@@ -10,36 +10,59 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let layer = IdempotencyLayer::new(Idempotent::new("http.pay").store(Arc::new(MemoryStore::new())));
-//! let app = Router::new()
-//!     .route("/payments", post(|| async { (StatusCode::CREATED, "charge 1") }))
-//!     .route_layer(layer);
+//! // On the method router: a method the route does not serve gets axum's own 405.
+//! let app = Router::new().route("/payments", post(|| async { (StatusCode::CREATED, "charge 1") }).route_layer(layer));
 //!
-//! let pay = || Request::post("/payments").header("idempotency-key", "\"order-7\"").body(Body::empty()).unwrap();
-//! let first = app.clone().oneshot(pay()).await.unwrap();
+//! let pay = |caller: &str| {
+//!     Request::post("/payments")
+//!         .header("authorization", format!("Bearer {caller}"))
+//!         .header("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")
+//!         .body(Body::empty())
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(pay("alice")).await.unwrap();
 //! assert_eq!(first.status(), StatusCode::CREATED);
-//! let retry = app.oneshot(pay()).await.unwrap();
-//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! let retry = app.clone().oneshot(pay("alice")).await.unwrap();
 //! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! // Another caller with the same key is another request, never alice's response.
+//! let other = app.clone().oneshot(pay("bob")).await.unwrap();
+//! assert!(other.headers().get("idempotent-replayed").is_none());
+//! // A request without credentials cannot be told apart from anyone's: refused.
+//! let anonymous = Request::post("/payments").header("idempotency-key", "k-1").body(Body::empty()).unwrap();
+//! assert_eq!(app.oneshot(anonymous).await.unwrap().status(), StatusCode::UNAUTHORIZED);
 //! # }
 //! ```
+//!
+//! Each caller's keys are its own. By default the layer tells callers apart by the
+//! credentials the request carries — its `Authorization` header, else its `Cookie`
+//! header — hashed, never stored in clear, and refuses a request that has neither
+//! (401). [`IdempotencyLayer::tenant`] names the caller instead (a request it cannot
+//! name is refused), [`IdempotencyLayer::tenant_cookie`] uses one session cookie, and
+//! [`IdempotencyLayer::shared`] declares a route whose records every caller shares.
 //!
 //! What a request meets, in order:
 //!
 //! | the request | the answer |
 //! |---|---|
 //! | a method outside [`IdempotencyLayer::methods`] (`GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE` by default) | passed through untouched |
+//! | a method the route does not serve | axum's 405, when the layer is on the method router (`post(handler).route_layer(layer)`) |
 //! | no key on a route that needs one | 400 `application/problem+json` naming the header |
-//! | a key that is not one sf-string (`"…"`) or token, or longer than 255 bytes | 400 |
+//! | a key that is neither a quoted string (`"order-7"`) nor a bare value of printable ASCII without spaces (a UUID, as Stripe's SDKs send), or longer than 255 bytes | 400, saying what to send |
+//! | no credentials (or a tenant the application cannot name) | 401 |
 //! | a body above [`IdempotencyLayer::body_limit`] | 413, the body not read further |
-//! | the first with its key (scoped by method, route and tenant) | the handler runs; its response is recorded and returned as it is |
-//! | the same key and request again | the first response: status, body bytes, `content-type` and the [replayable](IdempotencyLayer::replay_header) headers, with `Idempotent-Replayed: true` |
-//! | the same key with another body (or method, or route) | 422 |
+//! | the first with its key (scoped by method, route and caller) | the handler runs; its response is recorded and returned as it is |
+//! | the same key and request again (a JSON body may be serialized again: [`BodyFingerprint`]) | the first response: status, body bytes, `content-type` and the [replayable](IdempotencyLayer::replay_header) headers, with `Idempotent-Replayed: true` |
+//! | the same key with another request (method, path, query or body) | 422, naming the body fields that differ (never their values) |
 //! | the same key while the first still runs | 409 with `Retry-After`, or, with `wait` on the operation, the first response once it is ready |
+//! | a streamed response (no known length), or one above [`IdempotencyLayer::response_limit`] | passed on as it comes (never held whole); recorded if it ended within the limit, else recorded as run and not replayable: duplicates get 409 |
 //! | a 4xx the handler answered after [`started`] | recorded and replayed like a 2xx ([`ClientErrors`]) |
 //! | a 4xx before that (an extractor's rejection, a validation) | returned, not recorded: a corrected retry runs |
 //! | a 5xx | returned, not recorded (the claim is released): a retry runs ([`IdempotencyLayer::record_server_errors`]) |
 //! | a request an outer layer (auth, rate limit) refuses | never reaches this layer: no record |
 //! | the same key after the operation's `ttl` | a new request |
+//!
+//! Problem documents speak to the client about its request; the operation's biz, the
+//! scoped record key and the store's errors go to the logs (`tracing`).
 //!
 //! Inside the handler, [`idem_runtime::context()`] names the call (its `biz`, and the
 //! scoped key): an `#[idempotent]` function further down can key on it, and
@@ -48,7 +71,9 @@
 //! The layer must sit on routes whose handler runs in the request's task (axum's do):
 //! the lease heartbeat, the context and [`started`] follow that task.
 //!
-//! Why the dependencies: `sfv` parses the header as an RFC 8941 structured field;
+//! Why the dependencies: `sfv` parses the draft's quoted key as an RFC 8941 structured
+//! field; `sha2` hashes credentials and bodies; `tokio` carries a streamed response's
+//! copy back to the record;
 //! `http-body-util` buffers bodies under a limit; `base64` keeps a binary response body
 //! in the record's text column; `tower-layer`/`tower-service` are the traits the layer
 //! implements (not all of tower); `axum` (feature `axum`, on by default) only to read
@@ -60,6 +85,9 @@
 //! [draft-ietf-httpapi-idempotency-key-header]: https://datatracker.ietf.org/doc/draft-ietf-httpapi-idempotency-key-header/
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod body;
+mod body_print;
+mod caller;
 mod key;
 mod layer;
 mod outgoing;
@@ -69,8 +97,10 @@ mod scope;
 mod service;
 mod started;
 
+pub use body::IdempotencyBody;
+pub use body_print::BodyFingerprint;
 pub use key::MAX_KEY_BYTES;
-pub use layer::{ClientErrors, IdempotencyLayer, DEFAULT_BODY_LIMIT};
+pub use layer::{ClientErrors, IdempotencyLayer, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSE_LIMIT};
 pub use outgoing::{outgoing_key, IdempotencyKeyExt, NoCall, IDEMPOTENCY_KEY};
 pub use problem::Problem;
 pub use recorded::REPLAYED_HEADER;

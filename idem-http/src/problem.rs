@@ -11,13 +11,21 @@ use serde::Serialize;
 pub enum Problem {
     /// 400: the route needs an `Idempotency-Key` and the request has none.
     KeyMissing,
-    /// 400: the header is not one sf-string or token of at most 255 bytes.
+    /// 400: the header is not a key: a quoted string, or a bare value of printable
+    /// ASCII without spaces, of at most 255 bytes.
     KeyMalformed,
+    /// 401: the route keeps each caller's keys apart, and the request's caller cannot
+    /// be told (no credentials, or a tenant the application cannot name).
+    CallerUnknown,
     /// 422: the key was first used with another request body (or method, or route).
     KeyReused,
     /// 409: the first request with this key is still running; `Retry-After` says when
     /// to try again.
     InProgress,
+    /// 409: the first request with this key was answered with a response that was not
+    /// kept whole (a stream, or one larger than the layer records): it ran once, and its
+    /// response cannot be given again.
+    NotReplayable,
     /// 413: the request body is larger than the layer buffers.
     BodyTooLarge,
     /// 400: the request body could not be read.
@@ -35,8 +43,9 @@ impl Problem {
     pub fn status(self) -> StatusCode {
         match self {
             Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Problem::CallerUnknown => StatusCode::UNAUTHORIZED,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Problem::InProgress => StatusCode::CONFLICT,
+            Problem::InProgress | Problem::NotReplayable => StatusCode::CONFLICT,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::NotRecorded | Problem::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
@@ -48,6 +57,8 @@ impl Problem {
         match self {
             Problem::KeyMissing => "urn:idem:problem:idempotency-key-missing",
             Problem::KeyMalformed => "urn:idem:problem:idempotency-key-malformed",
+            Problem::CallerUnknown => "urn:idem:problem:caller-unknown",
+            Problem::NotReplayable => "urn:idem:problem:response-not-replayable",
             Problem::KeyReused => "urn:idem:problem:idempotency-key-reused",
             Problem::InProgress => "urn:idem:problem:request-in-progress",
             Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
@@ -63,6 +74,8 @@ impl Problem {
         match self {
             Problem::KeyMissing => "Idempotency-Key is missing",
             Problem::KeyMalformed => "Idempotency-Key is malformed",
+            Problem::CallerUnknown => "The caller of this request cannot be told",
+            Problem::NotReplayable => "The first response to this Idempotency-Key cannot be replayed",
             Problem::KeyReused => "Idempotency-Key is already used for another request",
             Problem::InProgress => "A request with this Idempotency-Key is being processed",
             Problem::BodyTooLarge => "Request body is too large",
@@ -70,6 +83,34 @@ impl Problem {
             Problem::StoreUnavailable => "Idempotency store is unavailable",
             Problem::NotRecorded => "The response could not be recorded",
             Problem::Misconfigured => "The idempotent operation is misconfigured",
+        }
+    }
+
+    /// What the client is told when nothing more specific applies: about its request,
+    /// never the layer's internals (which go to the logs).
+    pub(crate) fn default_detail(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "this request needs an Idempotency-Key header",
+            Problem::KeyMalformed => "the Idempotency-Key header is not a key",
+            Problem::CallerUnknown => "the request carries no credentials this route can tell its caller by",
+            Problem::KeyReused => {
+                "this Idempotency-Key was first used for another request; send a new key with a new request"
+            }
+            Problem::InProgress => {
+                "the first request with this Idempotency-Key is still being processed; retry after Retry-After"
+            }
+            Problem::NotReplayable => {
+                "the first request with this Idempotency-Key was processed, and its response was streamed or too \
+                 large to keep; it is not run again"
+            }
+            Problem::BodyTooLarge => "the request body is too large",
+            Problem::BodyUnreadable => "the request body could not be read",
+            Problem::StoreUnavailable => "the request was not processed; retry later with the same Idempotency-Key",
+            Problem::NotRecorded => {
+                "the request was processed but its response could not be recorded; retry with the same \
+                 Idempotency-Key"
+            }
+            Problem::Misconfigured => "the request was not processed: the server is misconfigured",
         }
     }
 

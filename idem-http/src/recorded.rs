@@ -22,12 +22,23 @@ pub(crate) struct RecordedResponse {
     body: RecordedBody,
 }
 
-/// The body: as text when it is UTF-8 (readable in the table), else base64.
+/// The body: as text when it is UTF-8 (readable in the table), else base64; or why
+/// it was not kept (a stream that grew past the limit, or was cut off).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum RecordedBody {
     Text(String),
     Base64(String),
+    NotKept(String),
+}
+
+impl RecordedBody {
+    fn of(body: &Bytes) -> Self {
+        match std::str::from_utf8(body) {
+            Ok(text) => RecordedBody::Text(text.to_owned()),
+            Err(_) => RecordedBody::Base64(STANDARD.encode(body)),
+        }
+    }
 }
 
 impl RecordedResponse {
@@ -45,20 +56,37 @@ impl RecordedResponse {
                 }
             })
             .collect();
-        let body = match std::str::from_utf8(body) {
-            Ok(text) => RecordedBody::Text(text.to_owned()),
-            Err(_) => RecordedBody::Base64(STANDARD.encode(body)),
-        };
         RecordedResponse {
             status: parts.status.as_u16(),
             headers,
-            body,
+            body: RecordedBody::of(body),
         }
     }
 
-    /// The response a duplicate gets: the recorded one, marked `Idempotent-Replayed: true`.
+    /// The same response with `body`, a stream's whole body kept as it went by.
+    pub(crate) fn with_body(mut self, body: &Bytes) -> Self {
+        self.body = RecordedBody::of(body);
+        self
+    }
+
+    /// The same response, its body not kept (`why`): it ran, and duplicates are told
+    /// it cannot be replayed.
+    pub(crate) fn not_kept(mut self, why: &str) -> Self {
+        self.body = RecordedBody::NotKept(why.to_owned());
+        self
+    }
+
+    /// The response a duplicate gets: the recorded one, marked `Idempotent-Replayed: true`;
+    /// or, when its body was not kept, a 409 saying so.
     pub(crate) fn replay<B: From<Bytes>>(self) -> Response<B> {
         let body = match self.body {
+            RecordedBody::NotKept(why) => {
+                let detail = format!(
+                    "{} ({why}); it is not run again",
+                    "the first request with this Idempotency-Key was processed, and its response was not kept"
+                );
+                return crate::problem::Problem::NotReplayable.response(detail, 0);
+            }
             RecordedBody::Text(text) => Bytes::from(text),
             RecordedBody::Base64(encoded) => match STANDARD.decode(&encoded) {
                 Ok(bytes) => Bytes::from(bytes),

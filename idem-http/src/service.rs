@@ -3,26 +3,27 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_runtime::Error;
+use tokio::sync::oneshot;
 use tower_service::Service;
 
+use crate::body::{BoxError, IdempotencyBody, Kept};
+use crate::body_print::BodyPrint;
 use crate::key;
 use crate::layer::Settings;
 use crate::problem::Problem;
 use crate::recorded::RecordedResponse;
 use crate::scope::Scope;
 use crate::started::StartedMark;
-
-/// Errors of bodies, as tower passes them around.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The future of one request through the layer.
 pub type ResponseFuture<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
@@ -57,13 +58,13 @@ where
     B: Body + From<Bytes> + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
-    RB: Body + From<Bytes> + Send + 'static,
+    RB: Body + Send + 'static,
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    type Response = Response<RB>;
+    type Response = Response<IdempotencyBody<RB>>;
     type Error = S::Error;
-    type Future = ResponseFuture<Response<RB>, S::Error>;
+    type Future = ResponseFuture<Response<IdempotencyBody<RB>>, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -78,38 +79,50 @@ where
 }
 
 /// Why a response is not recorded: the call releases its claim and answers it anyway.
-enum Unrecorded<E> {
+enum Unrecorded<R, E> {
     /// idem refused or failed the call.
     Idem(Error),
     /// A response the settings do not record (a 5xx, a rejection before the handler).
-    Response(Response<Bytes>),
+    Response(R),
     /// The inner service failed.
     Service(E),
     /// The response body could not be read.
     Body(BoxError),
 }
 
-impl<E> From<Error> for Unrecorded<E> {
+impl<R, E> From<Error> for Unrecorded<R, E> {
     fn from(error: Error) -> Self {
         Unrecorded::Idem(error)
     }
 }
 
-async fn serve<S, B, RB>(settings: Arc<Settings>, mut inner: S, request: Request<B>) -> Result<Response<RB>, S::Error>
+/// The response the handler gave this caller, when it ran in this call.
+type Slot<RB> = Arc<Mutex<Option<Response<IdempotencyBody<RB>>>>>;
+
+async fn serve<S, B, RB>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<B>,
+) -> Result<Response<IdempotencyBody<RB>>, S::Error>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
-    B: Body + From<Bytes>,
+    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
     B::Error: Into<BoxError>,
-    RB: Body + From<Bytes>,
+    RB: Body + Send + 'static,
+    RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
+    let passed = |response: Response<RB>| response.map(IdempotencyBody::passed);
     if !settings.methods.contains(request.method()) {
-        return inner.call(request).await;
+        return inner.call(request).await.map(passed);
     }
     let header = settings.header.as_str();
     let key = match key::parse(request.headers().get_all(&settings.header)) {
         Ok(Some(key)) => key,
-        Ok(None) if !settings.required => return inner.call(request).await,
+        Ok(None) if !settings.required => return inner.call(request).await.map(passed),
         Ok(None) => {
             let detail = format!(
                 "{} {} needs an `{header}` header",
@@ -121,58 +134,99 @@ where
         Err(problem) => return Ok(settings.problem(Problem::KeyMalformed, problem.detail(header))),
     };
     let (parts, body) = request.into_parts();
+    let tenant = match settings.callers.of(&parts) {
+        Ok(tenant) => tenant,
+        Err(unknown) => return Ok(settings.problem(Problem::CallerUnknown, unknown.detail())),
+    };
     let body = match read_body(body, &parts, settings.body_limit).await {
         Ok(body) => body,
         Err((problem, detail)) => return Ok(settings.problem(problem, detail)),
     };
-    let tenant = settings
-        .tenant
-        .as_ref()
-        .and_then(|tenant| tenant(&parts))
-        .unwrap_or_default();
+    let content_type = parts.headers.get(CONTENT_TYPE).and_then(|value| value.to_str().ok());
+    let print = BodyPrint::of(&body, content_type, settings.body_fingerprint, &settings.ignored_fields);
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
-    let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, &body);
+    let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, print);
     let op = settings.op.clone().payload(&scope);
     let request = Request::from_parts(parts, B::from(body));
 
-    let started = StartedMark::default();
-    // The handler's own response, when it ran in this call and was recorded.
-    let mut first: Option<Response<Bytes>> = None;
-    let ran = &mut first;
-    let outcome = op
-        .execute(scope.record_key(), async {
-            let response = started.scope(inner.call(request)).await.map_err(Unrecorded::Service)?;
-            let (parts, body) = response.into_parts();
-            let body = body.collect().await.map_err(|e| Unrecorded::Body(e.into()))?.to_bytes();
-            let recorded = settings
-                .records(parts.status, started.is_set())
-                .then(|| RecordedResponse::new(&parts, &body, &settings.replayable));
-            let response = Response::from_parts(parts, body);
-            match recorded {
-                Some(recorded) => {
-                    *ran = Some(response);
-                    Ok(recorded)
+    let first: Slot<RB> = Arc::default();
+    let (streamed_tx, mut streamed_rx) = oneshot::channel();
+    let handler = handle(settings.clone(), inner, request, first.clone(), streamed_tx);
+    let record_key = scope.record_key();
+    let mut call = Box::pin(async move { op.execute(record_key, handler).await });
+    let outcome = tokio::select! {
+        outcome = &mut call => outcome,
+        Ok(streaming) = &mut streamed_rx => {
+            // A stream goes to the client now; its record is written when it ends.
+            let biz = settings.op.biz().to_owned();
+            tokio::spawn(async move {
+                if let Err(Unrecorded::Idem(error)) = call.await {
+                    tracing::warn!(%error, %biz, "a streamed response's record could not be written");
                 }
-                None => Err(Unrecorded::Response(response)),
-            }
-        })
-        .await;
+            });
+            return Ok(streaming);
+        }
+    };
+    let ran = first.lock().expect("the slot is not poisoned").take();
     Ok(match outcome {
-        Ok(recorded) => match first {
-            Some(response) => response.map(RB::from),
+        Ok(recorded) => match ran {
+            Some(response) => response,
             None => recorded.replay(),
         },
-        Err(Unrecorded::Response(response)) => response.map(RB::from),
+        Err(Unrecorded::Response(response)) => response,
         Err(Unrecorded::Service(error)) => return Err(error),
         Err(Unrecorded::Body(error)) => {
             tracing::error!(%error, biz = settings.op.biz(), "the handler's response body failed; nothing recorded");
-            settings.problem(
-                Problem::NotRecorded,
-                format!("the response body could not be read: {error}"),
-            )
+            settings.problem(Problem::NotRecorded, "the response body could not be read".to_owned())
         }
-        Err(Unrecorded::Idem(error)) => settings.answer(error, first.is_some()),
+        Err(Unrecorded::Idem(error)) => settings.answer(error, ran.is_some(), &scope).await,
     })
+}
+
+/// The handler's run inside the call: its response recorded whole (a 2xx, a 4xx after
+/// [`started`](crate::started)), passed on unrecorded, or — without a known length, or
+/// larger than the limit — handed out on `streamed` at once and recorded when it ends.
+async fn handle<S, B, RB>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<B>,
+    first: Slot<RB>,
+    streamed: oneshot::Sender<Response<IdempotencyBody<RB>>>,
+) -> Result<RecordedResponse, Unrecorded<Response<IdempotencyBody<RB>>, S::Error>>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    RB: Body,
+    RB::Error: Into<BoxError>,
+{
+    let started = StartedMark::default();
+    let response = started.scope(inner.call(request)).await.map_err(Unrecorded::Service)?;
+    let (parts, body) = response.into_parts();
+    if !settings.records(parts.status, started.is_set()) {
+        return Err(Unrecorded::Response(Response::from_parts(
+            parts,
+            IdempotencyBody::passed(body),
+        )));
+    }
+    let limit = settings.response_limit;
+    let head = RecordedResponse::new(&parts, &Bytes::new(), &settings.replayable);
+    match body.size_hint().exact() {
+        Some(length) if length <= limit as u64 => {
+            let body = body.collect().await.map_err(|e| Unrecorded::Body(e.into()))?.to_bytes();
+            let recorded = head.with_body(&body);
+            *first.lock().expect("the slot is not poisoned") = Some(Response::from_parts(parts, body.into()));
+            Ok(recorded)
+        }
+        _ => {
+            let (body, kept) = IdempotencyBody::teed(body, limit);
+            // The caller is gone if this fails; the copy then ends at once, not kept.
+            let _ = streamed.send(Response::from_parts(parts, body));
+            Ok(match kept.await {
+                Ok(Kept::Whole(body)) => head.with_body(&body),
+                Ok(Kept::NotKept(why)) => head.not_kept(why),
+                Err(_) => head.not_kept("the client stopped reading it"),
+            })
+        }
+    }
 }
 
 impl Settings {
@@ -182,7 +236,9 @@ impl Settings {
     }
 
     /// The answer to a call idem refused or failed; `ran` when the handler ran in it.
-    fn answer<B: From<Bytes>>(&self, error: Error, ran: bool) -> Response<B> {
+    /// The client is told about its request; the error itself (biz, scoped key, the
+    /// store's cause) goes to the logs.
+    async fn answer<B: From<Bytes>>(&self, error: Error, ran: bool, scope: &Scope) -> Response<B> {
         let problem = match &error {
             Error::InProgress { .. } => Problem::InProgress,
             Error::PayloadMismatch { .. } => Problem::KeyReused,
@@ -193,8 +249,28 @@ impl Settings {
         };
         if problem.status().is_server_error() {
             tracing::error!(error = %error, "idempotency layer: {}", problem.title());
+        } else {
+            tracing::debug!(error = %error, "idempotency layer: {}", problem.title());
         }
-        self.problem(problem, error.to_string())
+        let detail = match problem {
+            Problem::KeyReused => match self.first_request(scope).await {
+                Some(first) => format!(
+                    "this Idempotency-Key was first used for another request: {}. Send a new key with a new \
+                     request",
+                    scope.differences(&first)
+                ),
+                None => problem.default_detail().to_owned(),
+            },
+            _ => problem.default_detail().to_owned(),
+        };
+        self.problem(problem, detail)
+    }
+
+    /// The request the key in `scope` was first used for, as its record keeps it.
+    async fn first_request(&self, scope: &Scope) -> Option<Scope> {
+        let store = self.op.given_store().cloned().or_else(idem_runtime::installed)?;
+        let record = store.get(self.op.biz(), &scope.record_key()).await.ok()??;
+        serde_json::from_str(record.request_body.as_deref()?).ok()
     }
 }
 

@@ -29,7 +29,10 @@ fn app(
     Router::new()
         .route("/orders/{id}", post(counted.clone()))
         .route("/orders/{id}/state", put(counted))
-        .layer(configure(IdempotencyLayer::new(Idempotent::new("orders").store(store))))
+        // Shared by every caller: these tests are about routes (callers: tests/http.rs).
+        .layer(configure(
+            IdempotencyLayer::new(Idempotent::new("orders").store(store)).shared(),
+        ))
 }
 
 async fn send(app: &Router, method: Method, path: &str, key: Option<&str>) -> (StatusCode, String, bool) {

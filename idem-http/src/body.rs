@@ -1,0 +1,174 @@
+//! The body of a response through the layer: the handler's own, passed on as it
+//! comes; a buffered or replayed one; or a stream passed on frame by frame while a copy
+//! is kept, up to a limit, for the record.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use tokio::sync::oneshot;
+
+/// Errors of bodies, as tower passes them around.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The response body [`IdempotencyService`](crate::IdempotencyService) answers with:
+/// the inner service's body `B` as it comes, or bytes the layer holds (a recorded
+/// response, a replay, a problem document).
+pub struct IdempotencyBody<B> {
+    kind: Kind<B>,
+}
+
+enum Kind<B> {
+    Full(Option<Bytes>),
+    Passed(Pin<Box<B>>),
+    Teed(Tee<B>),
+}
+
+/// What a teed stream left for the record when it ended.
+#[derive(Debug)]
+pub(crate) enum Kept {
+    /// The whole body, within the limit.
+    Whole(Bytes),
+    /// The body grew past the limit, failed, or the client went away before its end:
+    /// it was (partly) sent and not kept.
+    NotKept(&'static str),
+}
+
+struct Tee<B> {
+    inner: Pin<Box<B>>,
+    kept: Option<BytesMut>,
+    limit: usize,
+    done: Option<oneshot::Sender<Kept>>,
+}
+
+impl<B> Tee<B> {
+    fn finish(&mut self, kept: Kept) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(kept);
+        }
+    }
+}
+
+impl<B> Drop for Tee<B> {
+    fn drop(&mut self) {
+        self.finish(Kept::NotKept("the client stopped reading it"));
+    }
+}
+
+impl<B> IdempotencyBody<B> {
+    /// Bytes the layer holds.
+    pub(crate) fn full(bytes: Bytes) -> Self {
+        IdempotencyBody {
+            kind: Kind::Full(Some(bytes).filter(|b| !b.is_empty())),
+        }
+    }
+
+    /// The inner body, untouched.
+    pub(crate) fn passed(body: B) -> Self {
+        IdempotencyBody {
+            kind: Kind::Passed(Box::pin(body)),
+        }
+    }
+
+    /// The inner body passed on as it comes, a copy of up to `limit` bytes kept; what
+    /// was kept is sent on the receiver when the body ends (or is dropped).
+    pub(crate) fn teed(body: B, limit: usize) -> (Self, oneshot::Receiver<Kept>) {
+        let (done, kept) = oneshot::channel();
+        let tee = Tee {
+            inner: Box::pin(body),
+            kept: Some(BytesMut::new()),
+            limit,
+            done: Some(done),
+        };
+        (IdempotencyBody { kind: Kind::Teed(tee) }, kept)
+    }
+}
+
+impl<B> From<Bytes> for IdempotencyBody<B> {
+    fn from(bytes: Bytes) -> Self {
+        IdempotencyBody::full(bytes)
+    }
+}
+
+impl<B> std::fmt::Debug for IdempotencyBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Full(_) => "full",
+            Kind::Passed(_) => "passed",
+            Kind::Teed(_) => "teed",
+        };
+        f.debug_struct("IdempotencyBody").field("kind", &kind).finish()
+    }
+}
+
+/// `frame` with its data as `Bytes`.
+fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
+    frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+}
+
+impl<B> Body for IdempotencyBody<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // Every field is boxed or `Unpin`: the body is `Unpin` whatever `B` is.
+        let this = self.get_mut();
+        match &mut this.kind {
+            Kind::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            Kind::Passed(inner) => inner
+                .as_mut()
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map(to_bytes).map_err(Into::into))),
+            Kind::Teed(tee) => match ready!(tee.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let frame = to_bytes(frame);
+                    if let Some(data) = frame.data_ref() {
+                        let fits = tee
+                            .kept
+                            .as_ref()
+                            .is_some_and(|kept| kept.len() + data.len() <= tee.limit);
+                        match &mut tee.kept {
+                            Some(kept) if fits => kept.extend_from_slice(data),
+                            _ => tee.kept = None,
+                        }
+                    }
+                    Poll::Ready(Some(Ok(frame)))
+                }
+                Some(Err(error)) => {
+                    tee.finish(Kept::NotKept("it failed while it streamed"));
+                    Poll::Ready(Some(Err(error.into())))
+                }
+                None => {
+                    let kept = match tee.kept.take() {
+                        Some(kept) => Kept::Whole(kept.freeze()),
+                        None => Kept::NotKept("it was larger than the layer records"),
+                    };
+                    tee.finish(kept);
+                    Poll::Ready(None)
+                }
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(bytes) => bytes.is_none(),
+            Kind::Passed(inner) => inner.is_end_stream(),
+            // Not before its end was seen: the copy is handed over there.
+            Kind::Teed(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Passed(inner) => inner.size_hint(),
+            Kind::Teed(tee) => tee.inner.size_hint(),
+        }
+    }
+}
