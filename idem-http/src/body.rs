@@ -6,21 +6,26 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
 /// Errors of bodies, as tower passes them around.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The response body [`IdempotencyService`](crate::IdempotencyService) answers with:
-/// the inner service's body `B` as it comes, or bytes the layer holds (a recorded
-/// response, a replay, a problem document).
+/// A body through the layer, either way: the response
+/// [`IdempotencyService`](crate::IdempotencyService) answers with — the inner service's
+/// body `B` as it comes, or bytes the layer holds (a recorded response, a replay, a
+/// problem document) — and the request it hands the inner service: the client's body
+/// `B` untouched where the layer does not guard the request, else the bytes it read to
+/// fingerprint them. axum's routes and tonic's `Routes` take any such body.
 pub struct IdempotencyBody<B> {
     kind: Kind<B>,
 }
 
 enum Kind<B> {
-    Full(Option<Bytes>),
+    /// Bytes, then trailers (gRPC's status), each given once.
+    Full(Option<Bytes>, Option<HeaderMap>),
     Passed(Pin<Box<B>>),
     Teed(Tee<B>),
 }
@@ -28,8 +33,8 @@ enum Kind<B> {
 /// What a teed stream left for the record when it ended.
 #[derive(Debug)]
 pub(crate) enum Kept {
-    /// The whole body, within the limit.
-    Whole(Bytes),
+    /// The whole body, within the limit, and its trailers.
+    Whole(Bytes, Option<HeaderMap>),
     /// The body grew past the limit, failed, or the client went away before its end:
     /// it was (partly) sent and not kept.
     NotKept(&'static str),
@@ -59,8 +64,13 @@ impl<B> Drop for Tee<B> {
 impl<B> IdempotencyBody<B> {
     /// Bytes the layer holds.
     pub(crate) fn full(bytes: Bytes) -> Self {
+        Self::full_with_trailers(bytes, None)
+    }
+
+    /// Bytes the layer holds, then `trailers`.
+    pub(crate) fn full_with_trailers(bytes: Bytes, trailers: Option<HeaderMap>) -> Self {
         IdempotencyBody {
-            kind: Kind::Full(Some(bytes).filter(|b| !b.is_empty())),
+            kind: Kind::Full(Some(bytes).filter(|b| !b.is_empty()), trailers),
         }
     }
 
@@ -94,7 +104,7 @@ impl<B> From<Bytes> for IdempotencyBody<B> {
 impl<B> std::fmt::Debug for IdempotencyBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
-            Kind::Full(_) => "full",
+            Kind::Full(..) => "full",
             Kind::Passed(_) => "passed",
             Kind::Teed(_) => "teed",
         };
@@ -119,7 +129,13 @@ where
         // Every field is boxed or `Unpin`: the body is `Unpin` whatever `B` is.
         let this = self.get_mut();
         match &mut this.kind {
-            Kind::Full(bytes) => Poll::Ready(bytes.take().map(|bytes| Ok(Frame::data(bytes)))),
+            Kind::Full(bytes, trailers) => Poll::Ready(
+                bytes
+                    .take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             Kind::Passed(inner) => inner
                 .as_mut()
                 .poll_frame(cx)
@@ -127,6 +143,15 @@ where
             Kind::Teed(tee) => match ready!(tee.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => {
                     let frame = to_bytes(frame);
+                    if let Some(trailers) = frame.trailers_ref() {
+                        // Trailers end the body: the server sends them and reads no more.
+                        let kept = match tee.kept.take() {
+                            Some(kept) => Kept::Whole(kept.freeze(), Some(trailers.clone())),
+                            None => Kept::NotKept("it was larger than the layer records"),
+                        };
+                        tee.finish(kept);
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
                     if let Some(data) = frame.data_ref() {
                         let fits = tee
                             .kept
@@ -145,7 +170,7 @@ where
                 }
                 None => {
                     let kept = match tee.kept.take() {
-                        Some(kept) => Kept::Whole(kept.freeze()),
+                        Some(kept) => Kept::Whole(kept.freeze(), None),
                         None => Kept::NotKept("it was larger than the layer records"),
                     };
                     tee.finish(kept);
@@ -157,7 +182,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full(bytes) => bytes.is_none(),
+            Kind::Full(bytes, trailers) => bytes.is_none() && trailers.is_none(),
             Kind::Passed(inner) => inner.is_end_stream(),
             // Not before its end was seen: the copy is handed over there.
             Kind::Teed(_) => false,
@@ -166,7 +191,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Full(bytes, _) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
             Kind::Passed(inner) => inner.size_hint(),
             Kind::Teed(tee) => tee.inner.size_hint(),
         }

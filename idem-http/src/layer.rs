@@ -74,6 +74,20 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// Whether a gRPC call that ended with `status` is recorded, as [`records`](Self::records)
+    /// judges HTTP statuses: `OK` always, the server's failures (`UNAVAILABLE`,
+    /// `INTERNAL`, …) only when asked, the others (the call's own answer, like a 4xx)
+    /// when the handler [`started`](crate::started) or when every one is.
+    pub(crate) fn records_grpc(&self, status: u32, started: bool) -> bool {
+        if crate::grpc::is_ok(status) {
+            true
+        } else if crate::grpc::is_server_failure(status) {
+            self.record_server_errors
+        } else {
+            started || self.client_errors == ClientErrors::Always
+        }
+    }
+
     /// Whether a response with `status` is recorded; `started` when the handler said so.
     pub(crate) fn records(&self, status: http::StatusCode, started: bool) -> bool {
         if status.is_server_error() {

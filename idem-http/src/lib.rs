@@ -88,6 +88,7 @@
 mod body;
 mod body_print;
 mod caller;
+mod grpc;
 mod key;
 mod layer;
 mod outgoing;

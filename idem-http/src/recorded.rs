@@ -9,6 +9,11 @@ use http::response::Parts;
 use http::{Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
+/// A trailers-only gRPC response's status, in its headers: always kept.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+
 /// The header a replayed response carries.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
@@ -16,10 +21,14 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RecordedResponse {
     status: u16,
-    /// `content-type` and the headers the layer was told to replay, in order.
+    /// `content-type`, a trailers-only gRPC response's status, and the headers the layer
+    /// was told to replay, in order.
     headers: Vec<(String, String)>,
     #[serde(flatten)]
     body: RecordedBody,
+    /// Trailers (gRPC's status), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    trailers: Vec<(String, String)>,
 }
 
 /// The body: as text when it is UTF-8 (readable in the table), else base64; or why
@@ -45,7 +54,8 @@ impl RecordedResponse {
     /// What of `parts` and `body` is kept: the status, `content-type` and `replayable`
     /// headers (values that are not visible ASCII are left out, with a warning), the body.
     pub(crate) fn new(parts: &Parts, body: &Bytes, replayable: &[HeaderName]) -> Self {
-        let headers = std::iter::once(&CONTENT_TYPE)
+        let headers = [&CONTENT_TYPE, &GRPC_STATUS, &GRPC_MESSAGE, &GRPC_STATUS_DETAILS]
+            .into_iter()
             .chain(replayable)
             .flat_map(|name| parts.headers.get_all(name).iter().map(move |value| (name, value)))
             .filter_map(|(name, value)| match value.to_str() {
@@ -60,12 +70,18 @@ impl RecordedResponse {
             status: parts.status.as_u16(),
             headers,
             body: RecordedBody::of(body),
+            trailers: Vec::new(),
         }
     }
 
-    /// The same response with `body`, a stream's whole body kept as it went by.
-    pub(crate) fn with_body(mut self, body: &Bytes) -> Self {
+    /// The same response with `body` and its `trailers` (a stream's, kept as it went by).
+    pub(crate) fn with_body(mut self, body: &Bytes, trailers: Option<&http::HeaderMap>) -> Self {
         self.body = RecordedBody::of(body);
+        self.trailers = trailers
+            .into_iter()
+            .flatten()
+            .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+            .collect();
         self
     }
 
@@ -77,15 +93,21 @@ impl RecordedResponse {
     }
 
     /// The response a duplicate gets: the recorded one, marked `Idempotent-Replayed: true`;
-    /// or, when its body was not kept, a 409 saying so.
-    pub(crate) fn replay<B: From<Bytes>>(self) -> Response<B> {
+    /// or, when its body was not kept, a refusal saying so (409, or gRPC's
+    /// `FAILED_PRECONDITION` when `grpc`).
+    pub(crate) fn replay<B>(self, grpc: bool) -> Response<crate::body::IdempotencyBody<B>> {
         let body = match self.body {
             RecordedBody::NotKept(why) => {
                 let detail = format!(
                     "{} ({why}); it is not run again",
                     "the first request with this Idempotency-Key was processed, and its response was not kept"
                 );
-                return crate::problem::Problem::NotReplayable.response(detail, 0);
+                let problem = crate::problem::Problem::NotReplayable;
+                return if grpc {
+                    crate::grpc::refusal(problem, &detail, 0)
+                } else {
+                    problem.response(detail, 0)
+                };
             }
             RecordedBody::Text(text) => Bytes::from(text),
             RecordedBody::Base64(encoded) => match STANDARD.decode(&encoded) {
@@ -96,7 +118,15 @@ impl RecordedResponse {
                 }
             },
         };
-        let mut response = Response::new(B::from(body));
+        let trailers = (!self.trailers.is_empty()).then(|| {
+            self.trailers
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((HeaderName::try_from(name).ok()?, HeaderValue::try_from(value).ok()?))
+                })
+                .collect::<http::HeaderMap>()
+        });
+        let mut response = Response::new(crate::body::IdempotencyBody::full_with_trailers(body, trailers));
         *response.status_mut() = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let headers = response.headers_mut();
         for (name, value) in self.headers {
@@ -138,7 +168,7 @@ mod tests {
             json,
             r#"{"status":201,"headers":[["content-type","application/json"],["location","/p/1"]],"text":"{\"id\":1}"}"#
         );
-        let replayed: Response<Bytes> = serde_json::from_str::<RecordedResponse>(&json).unwrap().replay();
+        let replayed = serde_json::from_str::<RecordedResponse>(&json).unwrap().replay(false);
         assert_eq!(replayed.status(), 201);
         assert_eq!(replayed.headers()["location"], "/p/1");
         assert_eq!(replayed.headers()[REPLAYED_HEADER], "true");
@@ -146,14 +176,20 @@ mod tests {
             replayed.headers().get("set-cookie").is_none(),
             "only the replayable headers"
         );
-        assert_eq!(replayed.body(), &Bytes::from_static(b"{\"id\":1}"));
+        assert_eq!(body_of(replayed), Bytes::from_static(b"{\"id\":1}"));
+    }
+
+    /// A replayed body, read whole.
+    fn body_of(response: Response<crate::body::IdempotencyBody<http_body_util::Empty<Bytes>>>) -> Bytes {
+        use http_body_util::BodyExt;
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(response.into_body().collect()).unwrap().to_bytes()
     }
 
     #[test]
     fn binary_bodies_round_trip() {
         let body = Bytes::from_static(&[0, 159, 146, 150, 255]);
         let recorded = RecordedResponse::new(&parts(200, &[]), &body, &[]);
-        let replayed: Response<Bytes> = recorded.replay();
-        assert_eq!(replayed.body(), &body);
+        assert_eq!(body_of(recorded.replay(false)), body);
     }
 }

@@ -18,6 +18,7 @@ use tower_service::Service;
 
 use crate::body::{BoxError, IdempotencyBody, Kept};
 use crate::body_print::BodyPrint;
+use crate::grpc;
 use crate::key;
 use crate::layer::Settings;
 use crate::problem::Problem;
@@ -52,10 +53,10 @@ impl<S: std::fmt::Debug> std::fmt::Debug for IdempotencyService<S> {
 
 impl<S, B, RB> Service<Request<B>> for IdempotencyService<S>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S: Service<Request<IdempotencyBody<B>>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    B: Body + From<Bytes> + Send + 'static,
+    B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
     RB: Body + Send + 'static,
@@ -88,6 +89,8 @@ enum Unrecorded<R, E> {
     Service(E),
     /// The response body could not be read.
     Body(BoxError),
+    /// A streamed response the settings do not record, already sent on.
+    Sent,
 }
 
 impl<R, E> From<Error> for Unrecorded<R, E> {
@@ -105,10 +108,10 @@ async fn serve<S, B, RB>(
     request: Request<B>,
 ) -> Result<Response<IdempotencyBody<RB>>, S::Error>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Send + 'static,
+    S: Service<Request<IdempotencyBody<B>>, Response = Response<RB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    B: Body + From<Bytes> + Send + 'static,
+    B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<BoxError>,
     RB: Body + Send + 'static,
@@ -117,41 +120,42 @@ where
 {
     let passed = |response: Response<RB>| response.map(IdempotencyBody::passed);
     if !settings.methods.contains(request.method()) {
-        return inner.call(request).await.map(passed);
+        return inner.call(request.map(IdempotencyBody::passed)).await.map(passed);
     }
     let header = settings.header.as_str();
+    let grpc = grpc::is_grpc(request.headers());
     let key = match key::parse(request.headers().get_all(&settings.header)) {
         Ok(Some(key)) => key,
-        Ok(None) if !settings.required => return inner.call(request).await.map(passed),
+        Ok(None) if !settings.required => return inner.call(request.map(IdempotencyBody::passed)).await.map(passed),
         Ok(None) => {
             let detail = format!(
                 "{} {} needs an `{header}` header",
                 request.method(),
                 request.uri().path()
             );
-            return Ok(settings.problem(Problem::KeyMissing, detail));
+            return Ok(settings.refuse(grpc, Problem::KeyMissing, detail));
         }
-        Err(problem) => return Ok(settings.problem(Problem::KeyMalformed, problem.detail(header))),
+        Err(problem) => return Ok(settings.refuse(grpc, Problem::KeyMalformed, problem.detail(header))),
     };
     let (parts, body) = request.into_parts();
     let tenant = match settings.callers.of(&parts) {
         Ok(tenant) => tenant,
-        Err(unknown) => return Ok(settings.problem(Problem::CallerUnknown, unknown.detail())),
+        Err(unknown) => return Ok(settings.refuse(grpc, Problem::CallerUnknown, unknown.detail())),
     };
     let body = match read_body(body, &parts, settings.body_limit).await {
         Ok(body) => body,
-        Err((problem, detail)) => return Ok(settings.problem(problem, detail)),
+        Err((problem, detail)) => return Ok(settings.refuse(grpc, problem, detail)),
     };
     let content_type = parts.headers.get(CONTENT_TYPE).and_then(|value| value.to_str().ok());
     let print = BodyPrint::of(&body, content_type, settings.body_fingerprint, &settings.ignored_fields);
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
     let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, print);
     let op = settings.op.clone().payload(&scope);
-    let request = Request::from_parts(parts, B::from(body));
+    let request = Request::from_parts(parts, IdempotencyBody::full(body));
 
     let first: Slot<RB> = Arc::default();
     let (streamed_tx, mut streamed_rx) = oneshot::channel();
-    let handler = handle(settings.clone(), inner, request, first.clone(), streamed_tx);
+    let handler = handle(settings.clone(), grpc, inner, request, first.clone(), streamed_tx);
     let record_key = scope.record_key();
     let mut call = Box::pin(async move { op.execute(record_key, handler).await });
     let outcome = tokio::select! {
@@ -171,15 +175,26 @@ where
     Ok(match outcome {
         Ok(recorded) => match ran {
             Some(response) => response,
-            None => recorded.replay(),
+            None => recorded.replay(grpc),
         },
         Err(Unrecorded::Response(response)) => response,
         Err(Unrecorded::Service(error)) => return Err(error),
         Err(Unrecorded::Body(error)) => {
             tracing::error!(%error, biz = settings.op.biz(), "the handler's response body failed; nothing recorded");
-            settings.problem(Problem::NotRecorded, "the response body could not be read".to_owned())
+            settings.refuse(
+                grpc,
+                Problem::NotRecorded,
+                "the response body could not be read".to_owned(),
+            )
         }
-        Err(Unrecorded::Idem(error)) => settings.answer(error, ran.is_some(), &scope).await,
+        // Only a streamed response is sent before its call ends, and that call ends in
+        // a task of its own.
+        Err(Unrecorded::Sent) => settings.refuse(
+            grpc,
+            Problem::NotRecorded,
+            Problem::NotRecorded.default_detail().to_owned(),
+        ),
+        Err(Unrecorded::Idem(error)) => settings.answer(error, grpc, ran.is_some(), &scope).await,
     })
 }
 
@@ -188,57 +203,97 @@ where
 /// larger than the limit — handed out on `streamed` at once and recorded when it ends.
 async fn handle<S, B, RB>(
     settings: Arc<Settings>,
+    grpc: bool,
     mut inner: S,
-    request: Request<B>,
+    request: Request<IdempotencyBody<B>>,
     first: Slot<RB>,
     streamed: oneshot::Sender<Response<IdempotencyBody<RB>>>,
 ) -> Result<RecordedResponse, Unrecorded<Response<IdempotencyBody<RB>>, S::Error>>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<IdempotencyBody<B>>, Response = Response<RB>>,
     RB: Body,
     RB::Error: Into<BoxError>,
 {
     let started = StartedMark::default();
     let response = started.scope(inner.call(request)).await.map_err(Unrecorded::Service)?;
     let (parts, body) = response.into_parts();
-    if !settings.records(parts.status, started.is_set()) {
+    // A gRPC call is judged by its `grpc-status`: in the headers of a trailers-only
+    // response, else in the trailers, at the end.
+    let status_now = grpc.then(|| grpc::status_in(&parts.headers)).flatten();
+    let records_now = match (grpc, status_now) {
+        (false, _) => settings.records(parts.status, started.is_set()),
+        (true, Some(status)) => settings.records_grpc(status, started.is_set()),
+        (true, None) => true,
+    };
+    if !records_now {
         return Err(Unrecorded::Response(Response::from_parts(
             parts,
             IdempotencyBody::passed(body),
         )));
     }
+    let judged_at_end = grpc && status_now.is_none();
+    let records_ending = |trailers: Option<&http::HeaderMap>| {
+        !judged_at_end || {
+            let status = trailers.and_then(grpc::status_in).unwrap_or(2); // UNKNOWN
+            settings.records_grpc(status, started.is_set())
+        }
+    };
     let limit = settings.response_limit;
     let head = RecordedResponse::new(&parts, &Bytes::new(), &settings.replayable);
     match body.size_hint().exact() {
         Some(length) if length <= limit as u64 => {
-            let body = body.collect().await.map_err(|e| Unrecorded::Body(e.into()))?.to_bytes();
-            let recorded = head.with_body(&body);
-            *first.lock().expect("the slot is not poisoned") = Some(Response::from_parts(parts, body.into()));
-            Ok(recorded)
+            let collected = body.collect().await.map_err(|e| Unrecorded::Body(e.into()))?;
+            let trailers = collected.trailers().cloned();
+            let body = collected.to_bytes();
+            let recorded = records_ending(trailers.as_ref()).then(|| head.with_body(&body, trailers.as_ref()));
+            let response = Response::from_parts(parts, IdempotencyBody::full_with_trailers(body, trailers));
+            match recorded {
+                Some(recorded) => {
+                    *first.lock().expect("the slot is not poisoned") = Some(response);
+                    Ok(recorded)
+                }
+                None => Err(Unrecorded::Response(response)),
+            }
         }
         _ => {
             let (body, kept) = IdempotencyBody::teed(body, limit);
             // The caller is gone if this fails; the copy then ends at once, not kept.
             let _ = streamed.send(Response::from_parts(parts, body));
-            Ok(match kept.await {
-                Ok(Kept::Whole(body)) => head.with_body(&body),
-                Ok(Kept::NotKept(why)) => head.not_kept(why),
-                Err(_) => head.not_kept("the client stopped reading it"),
-            })
+            match kept.await {
+                Ok(Kept::Whole(body, trailers)) if records_ending(trailers.as_ref()) => {
+                    Ok(head.with_body(&body, trailers.as_ref()))
+                }
+                Ok(Kept::Whole(..)) => Err(Unrecorded::Sent),
+                Ok(Kept::NotKept(why)) => Ok(head.not_kept(why)),
+                Err(_) => Ok(head.not_kept("the client stopped reading it")),
+            }
         }
     }
 }
 
 impl Settings {
     pub(crate) fn problem<B: From<Bytes>>(&self, problem: Problem, detail: String) -> Response<B> {
-        let secs = self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0);
-        problem.response(detail, secs)
+        problem.response(detail, self.retry_after_secs())
+    }
+
+    /// The layer's refusal of a request: a problem document, or for a gRPC call a
+    /// trailers-only response with the matching `grpc-status`.
+    pub(crate) fn refuse<B: From<Bytes>>(&self, grpc: bool, problem: Problem, detail: String) -> Response<B> {
+        if grpc {
+            grpc::refusal(problem, &detail, self.retry_after_secs())
+        } else {
+            self.problem(problem, detail)
+        }
+    }
+
+    fn retry_after_secs(&self) -> u64 {
+        self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
     }
 
     /// The answer to a call idem refused or failed; `ran` when the handler ran in it.
     /// The client is told about its request; the error itself (biz, scoped key, the
     /// store's cause) goes to the logs.
-    async fn answer<B: From<Bytes>>(&self, error: Error, ran: bool, scope: &Scope) -> Response<B> {
+    async fn answer<B: From<Bytes>>(&self, error: Error, grpc: bool, ran: bool, scope: &Scope) -> Response<B> {
         let problem = match &error {
             Error::InProgress { .. } => Problem::InProgress,
             Error::PayloadMismatch { .. } => Problem::KeyReused,
@@ -263,7 +318,7 @@ impl Settings {
             },
             _ => problem.default_detail().to_owned(),
         };
-        self.problem(problem, detail)
+        self.refuse(grpc, problem, detail)
     }
 
     /// The request the key in `scope` was first used for, as its record keeps it.

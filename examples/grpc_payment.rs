@@ -1,0 +1,208 @@
+//! A gRPC payment service (tonic) behind the same `Idempotency-Key` layer as HTTP: the
+//! key is the `idempotency-key` metadata entry, the caller its `authorization` entry
+//! (hashed), and a retry gets the first answer — message and status — back.
+//!
+//! ```text
+//! cargo run --example grpc_payment -- --listen 127.0.0.1:50051 --database-url sqlite://…/grpc_payment.db
+//! ```
+//!
+//! Both flags are optional (those are the defaults; the SQLite file is in the system's
+//! temporary folder). One method, `/payments.Payments/Pay(PayRequest) -> Receipt`. The
+//! layer's own answers are gRPC statuses: no or a malformed key `INVALID_ARGUMENT`, no
+//! caller `UNAUTHENTICATED`, a duplicate of a call still running `ABORTED` (retry
+//! later), the key reused for another request `FAILED_PRECONDITION`, the store down
+//! `UNAVAILABLE`. A call that ends `UNAVAILABLE`, `INTERNAL` (the server's failures) is
+//! not recorded, so its retry runs; `INVALID_ARGUMENT` and the like after
+//! `idem::http::started()` are the call's answer, recorded and replayed.
+//!
+//! The messages are written with prost's derive, and the service as tonic's generated
+//! code writes it, so the example needs no `protoc`:
+//!
+//! ```text
+//! service Payments { rpc Pay(PayRequest) returns (Receipt); }
+//! message PayRequest { string user = 1; int64 cents = 2; }
+//! message Receipt { uint64 charge_id = 1; int64 cents = 2; }
+//! ```
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use idem::http::IdempotencyLayer;
+use idem::Idempotent;
+
+/// `payments.PayRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PayRequest {
+    /// Who pays.
+    #[prost(string, tag = "1")]
+    pub user: String,
+    /// How much, in cents.
+    #[prost(int64, tag = "2")]
+    pub cents: i64,
+}
+
+/// `payments.Receipt`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Receipt {
+    /// The bank's charge.
+    #[prost(uint64, tag = "1")]
+    pub charge_id: u64,
+    /// How much was charged, in cents.
+    #[prost(int64, tag = "2")]
+    pub cents: i64,
+}
+
+/// The fake bank: slow, and counting what it charged.
+#[derive(Debug, Default)]
+pub struct Bank {
+    /// How long a charge takes.
+    pub delay: Duration,
+    /// The charges made.
+    pub charges: AtomicU64,
+}
+
+/// The path of the one method.
+pub const PAY: &str = "/payments.Payments/Pay";
+
+/// The `payments.Payments` service, as tonic's generated server code writes one.
+#[derive(Debug, Clone)]
+pub struct Payments {
+    /// The bank it charges.
+    pub bank: Arc<Bank>,
+}
+
+impl tonic::server::NamedService for Payments {
+    const NAME: &'static str = "payments.Payments";
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// `Pay`: a positive amount is charged; another is refused with `INVALID_ARGUMENT`
+/// after the request was taken on (`started`): the call's own answer, replayed.
+struct Pay(Arc<Bank>);
+
+impl tonic::server::UnaryService<PayRequest> for Pay {
+    type Response = Receipt;
+    type Future = BoxFuture<Result<tonic::Response<Receipt>, tonic::Status>>;
+
+    fn call(&mut self, request: tonic::Request<PayRequest>) -> Self::Future {
+        let bank = self.0.clone();
+        Box::pin(async move {
+            idem::http::started();
+            let request = request.into_inner();
+            if request.cents <= 0 {
+                return Err(tonic::Status::invalid_argument("cents must be positive"));
+            }
+            tokio::time::sleep(bank.delay).await;
+            let charge_id = bank.charges.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok(tonic::Response::new(Receipt {
+                charge_id,
+                cents: request.cents,
+            }))
+        })
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for Payments
+where
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let bank = self.bank.clone();
+        match request.uri().path() {
+            PAY => Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(Pay(bank), request).await)
+            }),
+            _ => Box::pin(async { Ok(tonic::Status::unimplemented("no such method").into_http()) }),
+        }
+    }
+}
+
+/// The layer over `store`: a gRPC call is a POST like any other to it.
+pub fn layer(store: std::sync::Arc<dyn idem::IdempotencyStore>) -> IdempotencyLayer {
+    IdempotencyLayer::new(Idempotent::new("grpc.payments").store(store))
+}
+
+/// Serve `Payments` behind the layer on `listener` until the process ends.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    store: std::sync::Arc<dyn idem::IdempotencyStore>,
+    bank: Arc<Bank>,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .layer(layer(store))
+        .add_service(Payments { bank })
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+        .await
+}
+
+/// One `Pay` call over `channel` with `key` and `caller` in its metadata.
+pub async fn pay(
+    channel: tonic::transport::Channel,
+    key: &str,
+    caller: &str,
+    request: PayRequest,
+) -> Result<tonic::Response<Receipt>, tonic::Status> {
+    let mut client = tonic::client::Grpc::new(channel);
+    client
+        .ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut request = tonic::Request::new(request);
+    let metadata = request.metadata_mut();
+    metadata.insert(
+        "idempotency-key",
+        key.parse().map_err(|_| tonic::Status::invalid_argument("key"))?,
+    );
+    metadata.insert(
+        "authorization",
+        format!("Bearer {caller}")
+            .parse()
+            .map_err(|_| tonic::Status::invalid_argument("caller"))?,
+    );
+    let path = http::uri::PathAndQuery::from_static(PAY);
+    client.unary(request, path, tonic_prost::ProstCodec::default()).await
+}
+
+#[allow(dead_code)]
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut listen: SocketAddr = "127.0.0.1:50051".parse()?;
+    let mut database_url = format!(
+        "sqlite://{}?mode=rwc",
+        std::env::temp_dir().join("idem-grpc_payment.db").display()
+    );
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--listen" => listen = value.parse()?,
+            "--database-url" => database_url = value,
+            other => return Err(format!("unknown flag {other}: use --listen, --database-url").into()),
+        }
+    }
+    let store = idem::sql::open(&database_url).await?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!(
+        "grpc_payment: listening on http://{} (records in {database_url})",
+        listener.local_addr()?
+    );
+    serve(listener, store, Arc::new(Bank::default())).await?;
+    Ok(())
+}

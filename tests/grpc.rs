@@ -1,0 +1,119 @@
+//! The layer on a tonic service over HTTP/2 on 127.0.0.1, with tonic's client: the same
+//! semantics as over HTTP, in gRPC's terms — the key and the caller in the metadata,
+//! the first answer (message or status) replayed, the layer's refusals as statuses.
+
+#[allow(dead_code)]
+#[path = "../examples/grpc_payment.rs"]
+mod example;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use example::{pay, Bank, PayRequest};
+use tonic::Code;
+
+/// The service behind the layer on a SQLite file, and a channel to it.
+async fn start(bank_delay: Duration) -> (tonic::transport::Channel, Arc<Bank>) {
+    let path = std::env::temp_dir().join(format!("idem-grpc-{}.db", std::process::id()));
+    let store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let bank = Arc::new(Bank {
+        delay: bank_delay,
+        ..Bank::default()
+    });
+    tokio::spawn(example::serve(listener, store, bank.clone()));
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (channel, bank)
+}
+
+fn charges(bank: &Bank) -> u64 {
+    bank.charges.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+fn request(cents: i64) -> PayRequest {
+    PayRequest {
+        user: "ada".to_owned(),
+        cents,
+    }
+}
+
+fn key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_call_gets_the_first_answer() {
+    let (channel, bank) = start(Duration::ZERO).await;
+    let key = key();
+    let first = pay(channel.clone(), &key, "alice", request(1990)).await.unwrap();
+    assert!(first.metadata().get("idempotent-replayed").is_none());
+    let again = pay(channel.clone(), &key, "alice", request(1990)).await.unwrap();
+    assert_eq!(again.get_ref(), first.get_ref(), "the first receipt");
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    // Another caller with the same key is another call.
+    let bob = pay(channel.clone(), &key, "bob", request(1990)).await.unwrap();
+    assert_ne!(bob.get_ref().charge_id, first.get_ref().charge_id);
+    assert_eq!(charges(&bank), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_the_call_answered_is_replayed() {
+    let (channel, bank) = start(Duration::ZERO).await;
+    let key = key();
+    let refused = pay(channel.clone(), &key, "alice", request(-5)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let again = pay(channel.clone(), &key, "alice", request(-5)).await.unwrap_err();
+    assert_eq!((again.code(), again.message()), (refused.code(), refused.message()));
+    assert_eq!(again.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(charges(&bank), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_refusals_are_grpc_statuses() {
+    let (channel, bank) = start(Duration::from_millis(500)).await;
+    let key = key();
+    let running = tokio::spawn({
+        let (channel, key) = (channel.clone(), key.clone());
+        async move { pay(channel, &key, "alice", request(100)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let duplicate = pay(channel.clone(), &key, "alice", request(100)).await.unwrap_err();
+    assert_eq!(
+        duplicate.code(),
+        Code::Aborted,
+        "a duplicate of a running call: {duplicate:?}"
+    );
+    assert!(running.await.unwrap().is_ok());
+    let reused = pay(channel.clone(), &key, "alice", request(200)).await.unwrap_err();
+    assert_eq!(reused.code(), Code::FailedPrecondition, "{reused:?}");
+    assert!(
+        reused.message().contains("/cents") || reused.message().contains("differ"),
+        "{reused:?}"
+    );
+    let malformed = pay(channel.clone(), "a key", "alice", request(100)).await.unwrap_err();
+    assert_eq!(malformed.code(), Code::InvalidArgument, "{malformed:?}");
+    assert_eq!(charges(&bank), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_without_a_caller_is_unauthenticated() {
+    let (channel, bank) = start(Duration::ZERO).await;
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.unwrap();
+    let mut call = tonic::Request::new(request(100));
+    call.metadata_mut().insert("idempotency-key", key().parse().unwrap());
+    let path = http::uri::PathAndQuery::from_static(example::PAY);
+    let refused = client
+        .unary::<_, example::Receipt, _>(call, path, tonic_prost::ProstCodec::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert_eq!(charges(&bank), 0);
+}
