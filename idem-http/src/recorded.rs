@@ -61,7 +61,7 @@ impl RecordedResponse {
             .filter_map(|(name, value)| match value.to_str() {
                 Ok(text) => Some((name.as_str().to_owned(), text.to_owned())),
                 Err(_) => {
-                    tracing::warn!(header = %name, "a replayable header's value is not visible ASCII: not recorded");
+                    tracing::warn!(target: "idem", header = %name, "a replayable header's value is not visible ASCII: not recorded");
                     None
                 }
             })
@@ -113,7 +113,7 @@ impl RecordedResponse {
             RecordedBody::Base64(encoded) => match STANDARD.decode(&encoded) {
                 Ok(bytes) => Bytes::from(bytes),
                 Err(error) => {
-                    tracing::error!(%error, "a recorded response body is not valid base64: replayed empty");
+                    tracing::error!(target: "idem", %error, "a recorded response body is not valid base64: replayed empty");
                     Bytes::new()
                 }
             },

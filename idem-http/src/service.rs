@@ -165,7 +165,7 @@ where
             let biz = settings.op.biz().to_owned();
             tokio::spawn(async move {
                 if let Err(Unrecorded::Idem(error)) = call.await {
-                    tracing::warn!(%error, %biz, "a streamed response's record could not be written");
+                    tracing::warn!(target: "idem", %error, %biz, "a streamed response's record could not be written");
                 }
             });
             return Ok(streaming);
@@ -180,7 +180,7 @@ where
         Err(Unrecorded::Response(response)) => response,
         Err(Unrecorded::Service(error)) => return Err(error),
         Err(Unrecorded::Body(error)) => {
-            tracing::error!(%error, biz = settings.op.biz(), "the handler's response body failed; nothing recorded");
+            tracing::error!(target: "idem", %error, biz = settings.op.biz(), "the handler's response body failed; nothing recorded");
             settings.refuse(
                 grpc,
                 Problem::NotRecorded,
@@ -303,9 +303,9 @@ impl Settings {
             _ => Problem::Misconfigured,
         };
         if problem.status().is_server_error() {
-            tracing::error!(error = %error, "idempotency layer: {}", problem.title());
+            tracing::error!(target: "idem", error = %error, "idempotency layer: {}", problem.title());
         } else {
-            tracing::debug!(error = %error, "idempotency layer: {}", problem.title());
+            tracing::debug!(target: "idem", error = %error, "idempotency layer: {}", problem.title());
         }
         let detail = match problem {
             Problem::KeyReused => match self.first_request(scope).await {

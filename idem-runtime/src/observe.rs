@@ -99,7 +99,7 @@ impl Outcome {
 /// The span of one call of `biz` for `key`: `fence` and `outcome` are filled in as the
 /// call goes.
 pub(crate) fn call_span(biz: &str, key: &str) -> tracing::Span {
-    let span = tracing::debug_span!("idem.call", biz, key = Empty, fence = Empty, outcome = Empty);
+    let span = tracing::debug_span!(target: "idem", "idem.call", biz, key = Empty, fence = Empty, outcome = Empty);
     if !span.is_disabled() {
         span.record("key", shown(key).as_str());
     }
@@ -110,15 +110,14 @@ pub(crate) fn call_span(biz: &str, key: &str) -> tracing::Span {
 pub(crate) fn claimed(biz: &Biz, fence: u64, took_over: bool, claiming: Duration) {
     tracing::Span::current().record("fence", fence);
     if took_over {
-        tracing::info!(
-            biz = &**biz,
+        tracing::info!(target: "idem", biz = &**biz,
             fence,
             "idem: took the key over after its holder's lease lapsed"
         );
         #[cfg(feature = "metrics")]
         metrics::counter!("idem_takeovers_total", "biz" => biz.clone()).increment(1);
     } else {
-        tracing::debug!(biz = &**biz, fence, "idem: claimed");
+        tracing::debug!(target: "idem", biz = &**biz, fence, "idem: claimed");
     }
     claim_time(biz, claiming);
 }
@@ -132,7 +131,7 @@ pub(crate) fn claim_time(biz: &Biz, claiming: Duration) {
 
 /// A duplicate waits for the running call.
 pub(crate) fn waiting(biz: &Biz) {
-    tracing::debug!(biz = &**biz, "idem: waiting for the running call");
+    tracing::debug!(target: "idem", biz = &**biz, "idem: waiting for the running call");
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_waits_total", "biz" => biz.clone()).increment(1);
 }
@@ -142,13 +141,12 @@ pub(crate) fn finished(biz: &Biz, outcome: Outcome, body: Option<Duration>) {
     let label = outcome.label();
     tracing::Span::current().record("outcome", label);
     match outcome {
-        Outcome::PayloadMismatch => tracing::info!(
-            biz = &**biz,
+        Outcome::PayloadMismatch => tracing::info!(target: "idem", biz = &**biz,
             outcome = label,
             "idem: the key was used with another payload"
         ),
-        Outcome::StoreError => tracing::warn!(biz = &**biz, outcome = label, "idem: the store failed"),
-        _ => tracing::debug!(biz = &**biz, outcome = label, "idem: call ended"),
+        Outcome::StoreError => tracing::warn!(target: "idem", biz = &**biz, outcome = label, "idem: the store failed"),
+        _ => tracing::debug!(target: "idem", biz = &**biz, outcome = label, "idem: call ended"),
     }
     #[cfg(feature = "metrics")]
     {

@@ -157,7 +157,7 @@ impl StepLog {
                 Ok(FenceCheck::Lost) => return Err(self.lost()),
                 Err(e) if attempt == RECORD_ATTEMPTS => return Err(self.error("record_steps", e)),
                 Err(e) => {
-                    tracing::debug!(error = %e, step = name, attempt, "recording a step failed; trying again");
+                    tracing::debug!(target: "idem", error = %e, step = name, attempt, "recording a step failed; trying again");
                     tokio::time::sleep(RECORD_PAUSE * attempt).await;
                     attempt += 1;
                 }

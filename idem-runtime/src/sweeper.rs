@@ -55,8 +55,8 @@ pub fn continuously_purge(
             ticks.tick().await;
             match purge_expired(&*store, batch).await {
                 Ok(0) => {}
-                Ok(deleted) => tracing::debug!(deleted, "purged expired idempotency records"),
-                Err(error) => tracing::warn!(%error, "could not purge expired idempotency records"),
+                Ok(deleted) => tracing::debug!(target: "idem", deleted, "purged expired idempotency records"),
+                Err(error) => tracing::warn!(target: "idem", %error, "could not purge expired idempotency records"),
             }
         }
     })

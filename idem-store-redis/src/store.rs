@@ -199,7 +199,7 @@ impl RedisStore {
             match self.conn.invoke(invocation).await {
                 Ok(value) => return Ok(value),
                 Err(error) if sent < SENDS && lost_reply(&error) => {
-                    tracing::warn!(%error, operation, biz = lease_or_key.0, key = lease_or_key.1, "Redis reply lost; sending the script again");
+                    tracing::warn!(target: "idem", %error, operation, biz = lease_or_key.0, key = lease_or_key.1, "Redis reply lost; sending the script again");
                     tokio::time::sleep(Duration::from_millis(20 * sent as u64)).await;
                 }
                 Err(error) => return Err(failed(operation, error)),

@@ -381,8 +381,7 @@ impl Dialect for MySqlStore {
                     .causal_get
                     .set(format!("SET STATEMENT wsrep_sync_wait = 1 FOR {}", self.parts.sql.get));
             } else {
-                tracing::warn!(
-                    "the MySQL server is a Galera node: set wsrep_sync_wait = 1 for idem's connections, or a \
+                tracing::warn!(target: "idem", "the MySQL server is a Galera node: set wsrep_sync_wait = 1 for idem's connections, or a \
                      duplicate sent to another node may see the first call's record late"
                 );
             }

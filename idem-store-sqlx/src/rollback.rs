@@ -35,7 +35,7 @@ fn is_rollback(error: &sqlx::Error) -> bool {
 pub(crate) fn lost_race(error: &StoreError) -> bool {
     let lost = caused_by(error, is_rollback);
     if lost {
-        tracing::debug!(%error, "claim rolled back: another writer of the key came first");
+        tracing::debug!(target: "idem", %error, "claim rolled back: another writer of the key came first");
     }
     lost
 }
@@ -51,7 +51,7 @@ where
     loop {
         match write().await {
             Err(error) if attempt < WRITE_ATTEMPTS && caused_by(&error, is_rollback) => {
-                tracing::debug!(%error, attempt, "holder write rolled back; running it again");
+                tracing::debug!(target: "idem", %error, attempt, "holder write rolled back; running it again");
                 tokio::time::sleep(Duration::from_millis(u64::from(attempt) * 2)).await;
                 attempt += 1;
             }

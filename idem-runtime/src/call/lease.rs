@@ -47,8 +47,7 @@ impl Call<'_> {
                 match self.store.renew(lease, clock::now(), lease_for).await {
                     Ok(FenceCheck::Held) => next = beat,
                     Ok(FenceCheck::Lost) => {
-                        tracing::warn!(
-                            biz = %lease.biz, key = %lease.key, fence = lease.fence,
+                        tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, fence = lease.fence,
                             "idempotency lease lost while the body runs: another call took the key over"
                         );
                         signal.lose();
@@ -56,8 +55,7 @@ impl Call<'_> {
                         std::future::pending::<()>().await;
                     }
                     Err(error) => {
-                        tracing::warn!(
-                            biz = %lease.biz, key = %lease.key, fence = lease.fence, %error,
+                        tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, fence = lease.fence, %error,
                             "could not renew the idempotency lease; retrying soon"
                         );
                         next = (beat / RETRY_SHARE_OF_BEAT).max(Duration::from_millis(1));

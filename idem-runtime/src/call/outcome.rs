@@ -127,8 +127,7 @@ impl OutcomeWrite {
                 Ok(FenceCheck::Held) => return Ok(Settled::Recorded),
                 Ok(FenceCheck::Lost) => return Ok(self.after_refusal(store).await),
                 Err(error) if Instant::now() + pause < give_up => {
-                    tracing::warn!(
-                        %error, biz = %self.lease.biz, key = %self.lease.key, fence = self.lease.fence,
+                    tracing::warn!(target: "idem", %error, biz = %self.lease.biz, key = %self.lease.key, fence = self.lease.fence,
                         operation = self.verdict.operation(), "could not record a finished call; retrying"
                     );
                     tokio::time::sleep(pause).await;
@@ -187,8 +186,7 @@ impl Drop for Recording<'_> {
     fn drop(&mut self) {
         let Some(mut write) = self.write.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!(
-                biz = %write.lease.biz, key = %write.lease.key,
+            tracing::error!(target: "idem", biz = %write.lease.biz, key = %write.lease.key,
                 "no tokio runtime to finish recording a finished call; a retry after the lease will run it again"
             );
             return;
@@ -209,15 +207,12 @@ impl Drop for Recording<'_> {
                 other => other,
             };
             match settled {
-                Ok(Settled::Recorded) => tracing::debug!(
-                    biz = %write.lease.biz, key = %write.lease.key, "recorded a finished call after its caller left"
+                Ok(Settled::Recorded) => tracing::debug!(target: "idem", biz = %write.lease.biz, key = %write.lease.key, "recorded a finished call after its caller left"
                 ),
-                Ok(Settled::Lost) => tracing::warn!(
-                    biz = %write.lease.biz, key = %write.lease.key, fence = write.lease.fence,
+                Ok(Settled::Lost) => tracing::warn!(target: "idem", biz = %write.lease.biz, key = %write.lease.key, fence = write.lease.fence,
                     "a finished call's outcome was refused: the key was taken over"
                 ),
-                Err(error) => tracing::error!(
-                    %error, biz = %write.lease.biz, key = %write.lease.key,
+                Err(error) => tracing::error!(target: "idem", %error, biz = %write.lease.biz, key = %write.lease.key,
                     "gave up recording a finished call; a retry after the lease will run it again"
                 ),
             }
@@ -277,7 +272,7 @@ impl Call<'_> {
                 Settled::Recorded => answer,
                 Settled::Lost => {
                     let error = self.lease_lost(&lease, "complete");
-                    tracing::warn!(%error, "idempotent call finished after losing its claim");
+                    tracing::warn!(target: "idem", %error, "idempotent call finished after losing its claim");
                     Err(error.into())
                 }
             },
@@ -317,9 +312,11 @@ impl Call<'_> {
             Ok(Settled::Recorded) => {}
             Ok(Settled::Lost) => {
                 let error = self.lease_lost(&lease, operation);
-                tracing::warn!(%error, "idempotent call failed after losing its claim");
+                tracing::warn!(target: "idem", %error, "idempotent call failed after losing its claim");
             }
-            Err(error) => tracing::warn!(%error, "could not yet record the outcome of a failed idempotent call"),
+            Err(error) => {
+                tracing::warn!(target: "idem", %error, "could not yet record the outcome of a failed idempotent call")
+            }
         }
     }
 

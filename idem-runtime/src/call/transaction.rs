@@ -191,7 +191,7 @@ impl TransactionClaim<'_> {
         let operation = verdict.operation();
         let failed = |error: Error| {
             if answer.is_err() {
-                tracing::warn!(%error, "the outcome of a failed transactional call was not recorded");
+                tracing::warn!(target: "idem", %error, "the outcome of a failed transactional call was not recorded");
             }
             Err(error.into())
         };
