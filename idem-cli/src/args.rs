@@ -86,8 +86,13 @@ pub enum Command {
         #[command(flatten)]
         confirm: Confirm,
     },
-    /// Create the table and its index if missing (the DDL of `migrate()`).
-    Migrate,
+    /// Create the table and its index if missing (the DDL of `migrate()`), or print
+    /// that DDL.
+    Migrate {
+        /// Print the DDL (for a migration file) instead of running it.
+        #[arg(long)]
+        print: bool,
+    },
     /// Check the table's shape against what the store needs.
     Check,
 }
@@ -103,7 +108,7 @@ impl Command {
             Command::Purge { .. } => "purge",
             Command::Release { .. } => "release",
             Command::RetryFailed { .. } => "retry-failed",
-            Command::Migrate => "migrate",
+            Command::Migrate { .. } => "migrate",
             Command::Check => "check",
         }
     }

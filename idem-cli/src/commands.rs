@@ -25,7 +25,8 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
         Command::Purge { batch, .. } => purge(store, *batch, json).await,
         Command::Release { record, confirm, force } => release(store, record, confirm, *force).await,
         Command::RetryFailed { record, confirm } => retry_failed(store, record, confirm).await,
-        Command::Migrate => migrate(store).await,
+        Command::Migrate { print: false } => migrate(store).await,
+        Command::Migrate { print: true } => print_migration(store).await,
         Command::Check => check(store).await,
     };
     ended.unwrap_or_else(|error| Ended::Failed(store.describe(&error)))
@@ -175,6 +176,11 @@ async fn retry_failed(store: &Store, id: &RecordId, confirm: &Confirm) -> Outcom
 async fn migrate(store: &Store) -> Outcome {
     store.migrate().await?;
     println!("{}: migrated", store.name());
+    Ok(Ended::Done)
+}
+
+async fn print_migration(store: &Store) -> Outcome {
+    print!("{}", store.migration_sql().await?);
     Ok(Ended::Done)
 }
 

@@ -147,6 +147,15 @@ impl Store {
         on_sql!(self, store => store.migrate().await, "migrate")
     }
 
+    pub async fn migration_sql(&self) -> Result<String, StoreError> {
+        match self {
+            Store::Sqlite(store) => Ok(store.migration_sql()),
+            Store::Postgres(store) => Ok(store.migration_sql()),
+            Store::MySql(store) => store.migration_sql().await,
+            Store::Redis(_) => Err(StoreError::new("migrate is not available on Redis")),
+        }
+    }
+
     pub async fn check(&self) -> Result<(), StoreError> {
         on_sql!(self, store => store.check_table().await, "check")
     }

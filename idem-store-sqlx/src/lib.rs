@@ -33,6 +33,8 @@ mod claim;
 mod connection;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod dialect;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod migration;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod rollback;

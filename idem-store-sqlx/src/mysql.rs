@@ -84,43 +84,58 @@ impl MySqlStore {
         renamed(self, name)
     }
 
-    /// Create the table (with its `expires_at` index) if it does not exist, then check
-    /// its columns. Keys compare byte for byte, trailing spaces included (a binary,
-    /// no-pad collation). Writes nothing to the application's `_sqlx_migrations`.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    /// The DDL `migrate` runs, for this store's table and server: one `CREATE TABLE`
+    /// with its `expires_at` index, ending with `;` (keys in MariaDB's
+    /// `utf8mb4_nopad_bin` collation, or MySQL 8's `utf8mb4_0900_bin`). What `idem
+    /// migrate --print` prints, and, for the default table, `migrations/mariadb.sql`
+    /// and `migrations/mysql.sql`: for teams that keep their schema in migration files.
+    pub async fn migration_sql(&self) -> Result<String, StoreError> {
         let version: String = sqlx::query_scalar("SELECT VERSION()")
             .fetch_one(&self.parts.pool)
             .await
             .map_err(|e| driver_error("reading the server version", e))?;
-        let exact = if version.contains("MariaDB") {
+        Ok(self.migration_sql_for(version.contains("MariaDB")))
+    }
+
+    /// [`migration_sql`](Self::migration_sql) for a MariaDB server (`mariadb`) or a
+    /// MySQL 8 one.
+    pub fn migration_sql_for(&self, mariadb: bool) -> String {
+        let exact = if mariadb {
             "utf8mb4_nopad_bin"
         } else {
             "utf8mb4_0900_bin"
         };
         let table = &self.parts.sql.quoted;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\
-               biz_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL, \
-               idempotent_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL, \
-               status VARCHAR(16) NOT NULL, \
-               fence BIGINT NOT NULL, \
-               fingerprint VARCHAR(64) NULL, \
-               request_body LONGTEXT NULL, \
-               response_body LONGTEXT NULL, \
-               error_message TEXT NULL, \
-               lease_until DATETIME(6) NULL, \
-               created_at DATETIME(6) NOT NULL, \
-               completed_at DATETIME(6) NULL, \
-               expires_at DATETIME(6) NOT NULL, \
-               steps LONGTEXT NULL, \
-               PRIMARY KEY (biz_type, idempotent_key), \
-               KEY {} (expires_at), \
-               CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\
-             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             \x20 biz_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL,\n\
+             \x20 idempotent_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL,\n\
+             \x20 status VARCHAR(16) NOT NULL,\n\
+             \x20 fence BIGINT NOT NULL,\n\
+             \x20 fingerprint VARCHAR(64) NULL,\n\
+             \x20 request_body LONGTEXT NULL,\n\
+             \x20 response_body LONGTEXT NULL,\n\
+             \x20 error_message TEXT NULL,\n\
+             \x20 lease_until DATETIME(6) NULL,\n\
+             \x20 created_at DATETIME(6) NOT NULL,\n\
+             \x20 completed_at DATETIME(6) NULL,\n\
+             \x20 expires_at DATETIME(6) NOT NULL,\n\
+             \x20 steps LONGTEXT NULL,\n\
+             \x20 PRIMARY KEY (biz_type, idempotent_key),\n\
+             \x20 KEY {} (expires_at),\n\
+             \x20 CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\n\
+             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;\n",
             derived_identifier::<Self>(&self.parts.sql.table, "expires_at"),
             derived_identifier::<Self>(&self.parts.sql.table, "status"),
-        );
-        let created = sqlx::query(&create)
+        )
+    }
+
+    /// Create the table (with its `expires_at` index) if it does not exist, then check
+    /// its columns. Keys compare byte for byte, trailing spaces included (a binary,
+    /// no-pad collation). Writes nothing to the application's `_sqlx_migrations`.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let create = self.migration_sql().await?;
+        let created = sqlx::query(create.trim_end().trim_end_matches(';'))
             .execute(&self.parts.pool)
             .await
             .map(drop)

@@ -10,6 +10,7 @@ use sqlx::Row;
 use crate::claim::Upserted;
 use crate::connection::connect;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::migration::statements;
 use crate::row::{driver_error, granted_lease, record_from_row, utc};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
@@ -52,8 +53,35 @@ impl PostgresStore {
         self.verify_migration(created).await
     }
 
-    async fn create_table(&self) -> Result<(), StoreError> {
+    /// The DDL `migrate` runs, for this store's table: the table, then its `expires_at`
+    /// index, each statement ending with `;`. What `idem migrate --print` prints, and,
+    /// for the default table, `migrations/postgres.sql`: for teams that keep their
+    /// schema in migration files.
+    pub fn migration_sql(&self) -> String {
         let table = &self.parts.sql.quoted;
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             \x20 biz_type VARCHAR(64) NOT NULL,\n\
+             \x20 idempotent_key VARCHAR(255) NOT NULL,\n\
+             \x20 status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),\n\
+             \x20 fence BIGINT NOT NULL,\n\
+             \x20 fingerprint VARCHAR(64),\n\
+             \x20 request_body TEXT,\n\
+             \x20 response_body TEXT,\n\
+             \x20 error_message TEXT,\n\
+             \x20 lease_until TIMESTAMPTZ,\n\
+             \x20 created_at TIMESTAMPTZ NOT NULL,\n\
+             \x20 completed_at TIMESTAMPTZ,\n\
+             \x20 expires_at TIMESTAMPTZ NOT NULL,\n\
+             \x20 steps TEXT,\n\
+             \x20 PRIMARY KEY (biz_type, idempotent_key)\n\
+             );\n\
+             CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at);\n",
+            derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
+        )
+    }
+
+    async fn create_table(&self) -> Result<(), StoreError> {
         let failed = |e| driver_error("creating the idempotency table", e);
         let mut tx = self.parts.pool.begin().await.map_err(failed)?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
@@ -61,29 +89,8 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\
-               biz_type VARCHAR(64) NOT NULL, \
-               idempotent_key VARCHAR(255) NOT NULL, \
-               status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')), \
-               fence BIGINT NOT NULL, \
-               fingerprint VARCHAR(64), \
-               request_body TEXT, \
-               response_body TEXT, \
-               error_message TEXT, \
-               lease_until TIMESTAMPTZ, \
-               created_at TIMESTAMPTZ NOT NULL, \
-               completed_at TIMESTAMPTZ, \
-               expires_at TIMESTAMPTZ NOT NULL, \
-               steps TEXT, \
-               PRIMARY KEY (biz_type, idempotent_key))"
-        );
-        let index = format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
-            derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
-        );
-        for statement in [create, index] {
-            sqlx::query(&statement).execute(&mut *tx).await.map_err(failed)?;
+        for statement in statements(&self.migration_sql()) {
+            sqlx::query(statement).execute(&mut *tx).await.map_err(failed)?;
         }
         tx.commit().await.map_err(failed)
     }

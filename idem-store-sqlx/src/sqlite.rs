@@ -8,6 +8,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 
 use crate::claim::Upserted;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::migration::statements;
 use crate::row::{driver_error, granted_lease, sqlite_text};
 use crate::shape::{Column, Need, UniqueKey};
 use crate::statements::{upsert_on_conflict, Flavor, Statements};
@@ -86,31 +87,37 @@ impl SqliteStore {
         self.verify_migration(created).await
     }
 
-    async fn create_table(&self) -> Result<(), StoreError> {
+    /// The DDL `migrate` runs, for this store's table: the table, then its `expires_at`
+    /// index, each statement ending with `;`. What `idem migrate --print` prints, and,
+    /// for the default table, `migrations/sqlite.sql`: for teams that keep their schema
+    /// in migration files.
+    pub fn migration_sql(&self) -> String {
         let table = &self.parts.sql.quoted;
-        let create = format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\
-               biz_type TEXT NOT NULL, \
-               idempotent_key TEXT NOT NULL, \
-               status TEXT NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')), \
-               fence INTEGER NOT NULL, \
-               fingerprint TEXT, \
-               request_body TEXT, \
-               response_body TEXT, \
-               error_message TEXT, \
-               lease_until TEXT, \
-               created_at TEXT NOT NULL, \
-               completed_at TEXT, \
-               expires_at TEXT NOT NULL, \
-               steps TEXT, \
-               PRIMARY KEY (biz_type, idempotent_key))"
-        );
-        let index = format!(
-            "CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at)",
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n\
+             \x20 biz_type TEXT NOT NULL,\n\
+             \x20 idempotent_key TEXT NOT NULL,\n\
+             \x20 status TEXT NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),\n\
+             \x20 fence INTEGER NOT NULL,\n\
+             \x20 fingerprint TEXT,\n\
+             \x20 request_body TEXT,\n\
+             \x20 response_body TEXT,\n\
+             \x20 error_message TEXT,\n\
+             \x20 lease_until TEXT,\n\
+             \x20 created_at TEXT NOT NULL,\n\
+             \x20 completed_at TEXT,\n\
+             \x20 expires_at TEXT NOT NULL,\n\
+             \x20 steps TEXT,\n\
+             \x20 PRIMARY KEY (biz_type, idempotent_key)\n\
+             );\n\
+             CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at);\n",
             derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
-        );
-        for statement in [create, index] {
-            sqlx::query(&statement)
+        )
+    }
+
+    async fn create_table(&self) -> Result<(), StoreError> {
+        for statement in statements(&self.migration_sql()) {
+            sqlx::query(statement)
                 .execute(&self.parts.pool)
                 .await
                 .map_err(|e| driver_error("creating the idempotency table", e))?;

@@ -1,0 +1,17 @@
+CREATE TABLE IF NOT EXISTS "idempotent_record" (
+  biz_type VARCHAR(64) NOT NULL,
+  idempotent_key VARCHAR(255) NOT NULL,
+  status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),
+  fence BIGINT NOT NULL,
+  fingerprint VARCHAR(64),
+  request_body TEXT,
+  response_body TEXT,
+  error_message TEXT,
+  lease_until TIMESTAMPTZ,
+  created_at TIMESTAMPTZ NOT NULL,
+  completed_at TIMESTAMPTZ,
+  expires_at TIMESTAMPTZ NOT NULL,
+  steps TEXT,
+  PRIMARY KEY (biz_type, idempotent_key)
+);
+CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);

@@ -1,0 +1,17 @@
+CREATE TABLE IF NOT EXISTS "idempotent_record" (
+  biz_type TEXT NOT NULL,
+  idempotent_key TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),
+  fence INTEGER NOT NULL,
+  fingerprint TEXT,
+  request_body TEXT,
+  response_body TEXT,
+  error_message TEXT,
+  lease_until TEXT,
+  created_at TEXT NOT NULL,
+  completed_at TEXT,
+  expires_at TEXT NOT NULL,
+  steps TEXT,
+  PRIMARY KEY (biz_type, idempotent_key)
+);
+CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);
