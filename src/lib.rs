@@ -316,6 +316,11 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// The README's examples, compiled and run as doctests: its quick start must work.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use idem_macros::idempotent;
 pub use idem_runtime::observe;
 pub use idem_runtime::repair;
