@@ -1,10 +1,59 @@
 //! The one clock all stores are given instants from.
+//!
+//! It is the system's clock, moved by tokio's test clock: in a test that pauses time
+//! (`#[tokio::test(start_paused = true)]` or `tokio::time::pause()`, tokio's feature
+//! `test-util`) and advances it, idem's instants advance with it. A test of "expired
+//! after 24 hours" then takes no 24 hours:
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use idem_runtime::{Idempotent, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_runtime::Error> {
+//! tokio::time::pause();
+//! let op = Idempotent::new("pay").store(Arc::new(MemoryStore::new())).ttl(Duration::from_secs(24 * 3600));
+//! let first: u32 = op.execute("order-7", async { Ok::<_, idem_runtime::Error>(1) }).await?;
+//! tokio::time::advance(Duration::from_secs(23 * 3600)).await;
+//! let replayed: u32 = op.execute("order-7", async { Ok::<_, idem_runtime::Error>(2) }).await?;
+//! tokio::time::advance(Duration::from_secs(2 * 3600)).await; // past the 24 h ttl
+//! let again: u32 = op.execute("order-7", async { Ok::<_, idem_runtime::Error>(3) }).await?;
+//! assert_eq!((first, replayed, again), (1, 1, 3));
+//! # Ok(()) }
+//! ```
+//!
+//! Outside such a test tokio's clock is the system's monotonic clock, read a moment
+//! apart from the system clock: the two agree within [`TEST_CLOCK_THRESHOLD`], and the
+//! system clock is used as it is.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// How far tokio's clock must be from the system's before it is taken for a test clock
+/// that was paused or advanced.
+const TEST_CLOCK_THRESHOLD: Duration = Duration::from_millis(1);
+
 /// Now, truncated to whole microseconds: the finest precision every database column
-/// keeps, so an instant written and read back compares equal.
+/// keeps, so an instant written and read back compares equal. Moved by tokio's test
+/// clock (see the module docs).
 pub fn now() -> SystemTime {
-    let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let since_epoch = moved_by_tokio(SystemTime::now())
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     UNIX_EPOCH + Duration::from_micros(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// `system`, moved by how far tokio's clock is from the system's monotonic clock when
+/// that is more than [`TEST_CLOCK_THRESHOLD`] (a paused or advanced test clock).
+fn moved_by_tokio(system: SystemTime) -> SystemTime {
+    let tokio = tokio::time::Instant::now().into_std();
+    let monotonic = std::time::Instant::now();
+    if let Some(ahead) = tokio.checked_duration_since(monotonic) {
+        if ahead > TEST_CLOCK_THRESHOLD {
+            return system + ahead;
+        }
+    } else if let Some(behind) = monotonic.checked_duration_since(tokio) {
+        if behind > TEST_CLOCK_THRESHOLD {
+            return system - behind;
+        }
+    }
+    system
 }

@@ -1,0 +1,67 @@
+//! A test of expiry that does not wait: idem's clock follows tokio's paused and
+//! advanced test clock, on the memory store and on a SQLite file alike.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{idempotent, IdempotencyStore, Idempotent};
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+#[idempotent(key = order, biz = "clock.pay", ttl = "24h", store = store)]
+async fn pay(store: &Arc<dyn IdempotencyStore>, order: &str, charge: u32) -> Result<u32, idem::Error> {
+    Ok(charge)
+}
+
+/// 23 hours later the first answer is replayed; 25 hours later the key runs again.
+async fn expiry_without_sleeping(store: Arc<dyn IdempotencyStore>) {
+    let order = format!("order-{}", std::process::id());
+    let real = std::time::Instant::now();
+    assert_eq!(pay(&store, &order, 1).await.unwrap(), 1);
+    tokio::time::advance(DAY - Duration::from_secs(3600)).await;
+    assert_eq!(pay(&store, &order, 2).await.unwrap(), 1, "within the ttl: replayed");
+    tokio::time::advance(Duration::from_secs(2 * 3600)).await;
+    assert_eq!(pay(&store, &order, 3).await.unwrap(), 3, "past the ttl: runs again");
+    assert!(real.elapsed() < Duration::from_secs(60), "no day was waited");
+}
+
+#[tokio::test(start_paused = true)]
+async fn expiry_on_the_memory_store_without_sleeping() {
+    expiry_without_sleeping(Arc::new(idem::MemoryStore::new())).await;
+}
+
+/// The pool connects before time is paused: a paused clock would run out the pool's
+/// connect timeout while the connection opens.
+#[tokio::test]
+async fn expiry_on_sqlite_without_sleeping() {
+    let path = std::env::temp_dir().join(format!("idem-clock-{}.db", std::process::id()));
+    let store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap();
+    tokio::time::pause();
+    expiry_without_sleeping(store).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_lapses_on_the_test_clock() {
+    let store: Arc<dyn IdempotencyStore> = Arc::new(idem::MemoryStore::new());
+    let op = Idempotent::new("clock.lease")
+        .store(store.clone())
+        .lease(Duration::from_secs(30));
+    let key = "k";
+    // A holder that never finishes (dropped mid-body), then a retry a lease later.
+    let hung = tokio::time::timeout(
+        Duration::from_secs(1),
+        op.execute(key, std::future::pending::<Result<u32, idem::Error>>()),
+    )
+    .await;
+    assert!(hung.is_err());
+    let early = op.execute(key, async { Ok::<u32, idem::Error>(2) }).await.unwrap_err();
+    assert!(matches!(early, idem::Error::InProgress { .. }), "{early:?}");
+    tokio::time::advance(Duration::from_secs(31)).await;
+    assert_eq!(
+        op.execute(key, async { Ok::<u32, idem::Error>(3) }).await.unwrap(),
+        3,
+        "taken over"
+    );
+}
