@@ -39,16 +39,32 @@ async fn purge_keeps_an_expired_claim_without_a_lease() {
     let edit = |set: &'static str, key: String| {
         let store = store.clone();
         async move {
-            assert_eq!(set, "lease_until = NULL", "the one edit this test makes");
+            assert_eq!(
+                set, "lease_until = NULL, expires_at = created_at",
+                "the one edit this test makes"
+            );
             let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
             let mut conn = redis::Client::open(url)
                 .unwrap()
                 .get_multiplexed_async_connection()
                 .await
                 .unwrap();
-            let _: () = redis::cmd("HDEL")
-                .arg(store.record_key("conformance.pay", &key))
+            let record = store.record_key("conformance.pay", &key);
+            let created_at: String = redis::cmd("HGET")
+                .arg(&record)
+                .arg("created_at")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let _: () = redis::pipe()
+                .atomic()
+                .cmd("HDEL")
+                .arg(&record)
                 .arg("lease_until")
+                .cmd("HSET")
+                .arg(&record)
+                .arg("expires_at")
+                .arg(created_at)
                 .query_async(&mut conn)
                 .await
                 .unwrap();

@@ -215,9 +215,10 @@ where
 {
     let key = unique("no-lease-purge");
     let hour = Duration::from_secs(3600);
-    let then = idem::store::now() - 3 * hour;
-    granted(store, "conformance.pay", &key, then, Duration::from_secs(1), hour).await;
-    edit("lease_until = NULL", key.clone()).await;
+    // Claimed under a lease that runs (no purge may take it meanwhile), then made
+    // lease-less and expired in one edit.
+    granted(store, "conformance.pay", &key, idem::store::now(), hour, hour).await;
+    edit("lease_until = NULL, expires_at = created_at", key.clone()).await;
     let now = idem::store::now();
     // Until nothing is left to purge; a batch a cluster rolls back (another test's
     // write to the table) is tried again.

@@ -1,6 +1,6 @@
 //! The attribute's compile errors (`tests/ui/fail`, with `.stderr` goldens) and the
 //! shapes it must accept (`tests/ui/pass`). Regenerate goldens with
-//! `TRYBUILD=overwrite cargo test --test compile_fail`, then read the diff.
+//! `TRYBUILD=overwrite cargo test -p idem-compile-fail`, then read the diff.
 
 #[test]
 fn attribute_misuse_is_a_spanned_error() {
