@@ -59,5 +59,61 @@ fn overhead(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, overhead);
+/// A recorder that keeps nothing, of non-zero size: idem cannot tell it from a real one,
+/// so it builds every label key as it would for one. Before idem recognised the
+/// `metrics` no-op recorder, every call paid this with no recorder installed.
+struct Discarding(#[allow(dead_code)] u8);
+
+impl metrics::Recorder for Discarding {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// What observing costs a call with feature `metrics` on: with no recorder (the label
+/// keys are not built), and with a recorder that discards everything (they are).
+fn metrics_cost(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("metrics");
+    let discarding = Discarding(0);
+    for (label, recorder) in [
+        ("no recorder", None),
+        ("a discarding recorder", Some(&discarding as &dyn metrics::Recorder)),
+    ] {
+        let first = Idempotent::new("bench").store(Arc::new(MemoryStore::new()));
+        let next = AtomicU64::new(0);
+        let replay = Idempotent::new("bench").store(Arc::new(MemoryStore::new()));
+        runtime.block_on(replay.execute("hot", bare(1))).unwrap();
+        let mut run = || {
+            group.bench_function(format!("first execution, {label}"), |b| {
+                b.to_async(&runtime).iter(|| {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    first.execute(format!("order-{n}"), bare(n))
+                })
+            });
+            group.bench_function(format!("replay, {label}"), |b| {
+                b.to_async(&runtime).iter(|| replay.execute("hot", bare(2)))
+            });
+        };
+        match recorder {
+            Some(recorder) => metrics::with_local_recorder(recorder, run),
+            None => run(),
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, overhead, metrics_cost);
 criterion_main!(benches);
