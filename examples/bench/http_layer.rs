@@ -19,7 +19,10 @@ async fn pay(Json(cents): Json<u64>) -> (StatusCode, Json<serde_json::Value>) {
 }
 
 fn request(key: Option<String>) -> Request<Body> {
-    let mut request = Request::post("/payments").header("content-type", "application/json");
+    // A caller's credentials: the layer keeps each caller's keys apart by them.
+    let mut request = Request::post("/payments")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer bench");
     if let Some(key) = key {
         request = request.header("idempotency-key", format!("\"{key}\""));
     }

@@ -73,8 +73,15 @@ impl Scope {
     }
 }
 
+/// Lower-case hex of `bytes`, written into one string.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -93,5 +100,6 @@ mod tests {
         let long = key("acme", &"k".repeat(255));
         assert!(long.starts_with("sha256:") && long.len() == 71, "{long}");
         assert!(key("line\nbreak", "k").starts_with("sha256:"));
+        assert_eq!(hex(&[0x00, 0x9f, 0xff, 0x10]), "009fff10");
     }
 }
