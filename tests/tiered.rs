@@ -92,30 +92,15 @@ async fn a_front_that_forgets_costs_a_round_trip_not_a_run() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "never a second run");
 }
 
-/// Fails until `ok` is set, with `on_error = Record`.
-#[idempotent(key = key, biz = "tiered.flaky", store = store, on_error = Record)]
-async fn flaky(store: &Tiered, key: &str, ok: bool, runs: &AtomicU32) -> Result<u32, idem::Error> {
-    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-    if ok {
-        Ok(n)
-    } else {
-        Err(idem::Error::NoStore { biz: "the bank".into() })
-    }
-}
-
 /// An operator deletes a FAIL record in the store that decides (`idem retry-failed` on
 /// SQLite): the next call runs, whatever Redis in front held.
 #[tokio::test]
 async fn retry_failed_in_the_back_takes_effect_through_the_front() {
     let Some(store) = open().await else { return };
-    let key = conformance::unique("retry-failed");
-    let runs = AtomicU32::new(0);
-    assert!(flaky(&store, &key, false, &runs).await.is_err());
-    for _ in 0..2 {
-        let again = flaky(&store, &key, true, &runs).await.unwrap_err();
-        assert!(matches!(again, idem::Error::PreviousFailed { .. }), "{again:?}");
-    }
-    assert!(store.back().forget_failed("tiered.flaky", &key).await.unwrap());
-    assert_eq!(flaky(&store, &key, true, &runs).await.unwrap(), 2, "the next call ran");
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let shared: conformance::calls::Store = store.clone();
+    conformance::database::retry_failed_takes_effect_through_a_tier(&shared, |biz, key| {
+        let store = store.clone();
+        async move { store.back().forget_failed(biz, &key).await.unwrap() }
+    })
+    .await;
 }

@@ -267,3 +267,34 @@ where
     assert_eq!(record.lease_until, Some(now + Duration::from_secs(30)), "{record:?}");
     assert_eq!(record.created_at, now, "a new life");
 }
+
+/// Fails until `ok` is set, with `on_error = Record`.
+#[idem::idempotent(key = key, biz = "tiers.flaky", store = store, on_error = Record)]
+async fn flaky(store: &Store, key: &str, ok: bool, runs: &Runs) -> Result<u32, AppError> {
+    let n = runs.hit();
+    if ok {
+        Ok(n)
+    } else {
+        Err(AppError::Declined("the bank said no".into()))
+    }
+}
+
+/// An operator deletes a FAIL record in the store that decides (`forget`, what `idem
+/// retry-failed` does): the next call through `store` — a tier in front of it — runs,
+/// instead of being answered `PreviousFailed` by a copy.
+pub async fn retry_failed_takes_effect_through_a_tier<F, Fut>(store: &Store, forget: F)
+where
+    F: Fn(&'static str, String) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let key = unique("retry-failed");
+    let runs = Runs::default();
+    assert!(flaky(store, &key, false, &runs).await.is_err());
+    for _ in 0..2 {
+        let again = flaky(store, &key, true, &runs).await.unwrap_err().idem();
+        assert!(matches!(again, Error::PreviousFailed { .. }), "{again:?}");
+    }
+    assert!(forget("tiers.flaky", key.clone()).await, "the FAIL record was deleted");
+    assert_eq!(flaky(store, &key, true, &runs).await.unwrap(), 2, "the next call ran");
+    assert_eq!(runs.count(), 2);
+}
