@@ -20,18 +20,13 @@ macro_rules! impl_store_api {
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let now = idem_runtime::now();
                 let biz = biz.unwrap_or("");
-                let rows = sqlx::query(&self.parts.sql.stuck)
+                let query = sqlx::query(&self.parts.sql.stuck)
                     .bind(Self::stamp(now - older_than))
                     .bind(Self::stamp(now))
                     .bind(biz)
                     .bind(biz)
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::row::driver_error("stuck", e))?;
-                rows.iter()
-                    .map(crate::row::record_from_row::<_, $stamp>)
-                    .collect()
+                    .bind(i64::from(limit));
+                self.list("stuck", query).await
             }
 
             /// The oldest `PROCESSING` record (of `biz`, or of any), running or not;
@@ -41,15 +36,9 @@ macro_rules! impl_store_api {
                 biz: Option<&str>,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let row = sqlx::query(&self.parts.sql.oldest_processing)
-                    .bind(biz)
-                    .bind(biz)
-                    .fetch_optional(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::row::driver_error("oldest_processing", e))?;
-                row.as_ref()
-                    .map(crate::row::record_from_row::<_, $stamp>)
-                    .transpose()
+                let query = sqlx::query(&self.parts.sql.oldest_processing).bind(biz).bind(biz);
+                // The statement has `LIMIT 1`.
+                Ok(self.list("oldest_processing", query).await?.into_iter().next())
             }
 
             /// Live `FAIL` records (the oldest first), for reconciliation; `biz` limits
@@ -60,14 +49,24 @@ macro_rules! impl_store_api {
                 limit: u32,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let rows = sqlx::query(&self.parts.sql.failed)
+                let query = sqlx::query(&self.parts.sql.failed)
                     .bind(Self::stamp(idem_runtime::now()))
                     .bind(biz)
                     .bind(biz)
-                    .bind(i64::from(limit))
+                    .bind(i64::from(limit));
+                self.list("failed", query).await
+            }
+
+            /// The records a listing statement (`query`, bound) selects, in its order.
+            async fn list<'q>(
+                &self,
+                operation: &'static str,
+                query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+            ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
+                let rows = query
                     .fetch_all(&self.parts.pool)
                     .await
-                    .map_err(|e| crate::row::driver_error("failed", e))?;
+                    .map_err(|e| crate::row::driver_error(operation, e))?;
                 rows.iter()
                     .map(crate::row::record_from_row::<_, $stamp>)
                     .collect()
