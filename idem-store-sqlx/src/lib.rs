@@ -33,7 +33,7 @@ mod claim;
 mod connection;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod dialect;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod migration;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

@@ -28,6 +28,7 @@ use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResu
 use crate::claim::Upserted;
 use crate::connection::connect;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::migration::statements;
 use crate::row::{driver_error, utc};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{Flavor, Statements};
@@ -134,13 +135,17 @@ impl MySqlStore {
     /// its columns. Keys compare byte for byte, trailing spaces included (a binary,
     /// no-pad collation). Writes nothing to the application's `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let create = self.migration_sql().await?;
-        let created = sqlx::query(create.trim_end().trim_end_matches(';'))
-            .execute(&self.parts.pool)
-            .await
-            .map(drop)
-            .map_err(|e| driver_error("creating the idempotency table", e));
-        self.verify_migration(created).await
+        let ddl = self.migration_sql().await?;
+        let created = async {
+            for statement in statements(&ddl) {
+                sqlx::query(statement)
+                    .execute(&self.parts.pool)
+                    .await
+                    .map_err(|e| driver_error("creating the idempotency table", e))?;
+            }
+            Ok(())
+        };
+        self.verify_migration(created.await).await
     }
 
     /// The type `migrate` gives the `steps` column.
