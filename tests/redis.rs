@@ -18,6 +18,16 @@ async fn open() -> Option<RedisStore> {
     Some(RedisStore::connect(&url).await.expect("connect to Redis"))
 }
 
+/// A plain connection to the test server, to write or read a record by hand.
+async fn connection() -> redis::aio::MultiplexedConnection {
+    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
 async fn open_dyn() -> Option<Store> {
     Some(Arc::new(open().await?))
 }
@@ -43,12 +53,7 @@ async fn purge_keeps_an_expired_claim_without_a_lease() {
                 set, "lease_until = NULL, expires_at = created_at",
                 "the one edit this test makes"
             );
-            let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
-            let mut conn = redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
+            let mut conn = connection().await;
             let record = store.record_key("conformance.pay", &key);
             let created_at: String = redis::cmd("HGET")
                 .arg(&record)
@@ -80,12 +85,7 @@ async fn corrupted_response_is_a_decode_error() {
     let corrupt = |key: String| {
         let store = store.clone();
         async move {
-            let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
-            let mut conn = redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap();
+            let mut conn = connection().await;
             let record = store.record_key("conformance.pay", &key);
             let _: () = redis::cmd("HSET")
                 .arg(record)
@@ -105,12 +105,7 @@ async fn corrupted_response_is_a_decode_error() {
 #[tokio::test]
 async fn scripts_sent_twice_apply_once() {
     let Some(store) = open().await else { return };
-    let url = std::env::var("IDEM_TEST_REDIS_URL").unwrap();
-    let mut conn = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = connection().await;
     let key = store.record_key("redis.twice", &conformance::unique("k"));
     let now = idem::store::now();
     let micros = |at: std::time::SystemTime| {
