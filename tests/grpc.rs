@@ -5,6 +5,9 @@
 #[allow(dead_code)]
 #[path = "../examples/grpc_payment.rs"]
 mod example;
+#[allow(dead_code)]
+#[path = "conformance/faulty.rs"]
+mod faulty;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,12 +15,16 @@ use std::time::Duration;
 use example::{pay, Bank, PayRequest};
 use tonic::Code;
 
-/// The service behind the layer on a SQLite file, and a channel to it.
-async fn start(bank_delay: Duration) -> (tonic::transport::Channel, Arc<Bank>) {
+/// The service behind the layer on a SQLite file, and a channel to it. Every record is
+/// written `record_delay` late, as on a loaded database.
+async fn start(bank_delay: Duration, record_delay: Duration) -> (tonic::transport::Channel, Arc<Bank>) {
     let path = std::env::temp_dir().join(format!("idem-grpc-{}.db", std::process::id()));
-    let store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
+    let store: faulty::Store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
         .await
         .unwrap();
+    let store = faulty::FaultyStore::new(&store);
+    store.inject(faulty::Op::Complete, faulty::Fault::Delay(record_delay), u32::MAX);
+    let store = store.shared();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let bank = Arc::new(Bank {
@@ -50,7 +57,9 @@ fn key() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_call_gets_the_first_answer() {
-    let (channel, bank) = start(Duration::ZERO).await;
+    // The answer's end (its status) reaches the client only once it is recorded: a
+    // retry the moment the first answer arrives is answered from the record.
+    let (channel, bank) = start(Duration::ZERO, Duration::from_millis(300)).await;
     let key = key();
     let first = pay(channel.clone(), &key, "alice", request(1990)).await.unwrap();
     assert!(first.metadata().get("idempotent-replayed").is_none());
@@ -65,7 +74,7 @@ async fn a_retried_call_gets_the_first_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_the_call_answered_is_replayed() {
-    let (channel, bank) = start(Duration::ZERO).await;
+    let (channel, bank) = start(Duration::ZERO, Duration::ZERO).await;
     let key = key();
     let refused = pay(channel.clone(), &key, "alice", request(-5)).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
@@ -77,7 +86,7 @@ async fn a_status_the_call_answered_is_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_layers_refusals_are_grpc_statuses() {
-    let (channel, bank) = start(Duration::from_millis(500)).await;
+    let (channel, bank) = start(Duration::from_millis(500), Duration::ZERO).await;
     let key = key();
     let running = tokio::spawn({
         let (channel, key) = (channel.clone(), key.clone());
@@ -104,7 +113,7 @@ async fn the_layers_refusals_are_grpc_statuses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_without_a_caller_is_unauthenticated() {
-    let (channel, bank) = start(Duration::ZERO).await;
+    let (channel, bank) = start(Duration::ZERO, Duration::ZERO).await;
     let mut client = tonic::client::Grpc::new(channel);
     client.ready().await.unwrap();
     let mut call = tonic::Request::new(request(100));

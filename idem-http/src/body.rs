@@ -2,6 +2,7 @@
 //! comes; a buffered or replayed one; or a stream passed on frame by frame while a copy
 //! is kept, up to a limit, for the record.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -45,6 +46,11 @@ struct Tee<B> {
     kept: Option<BytesMut>,
     limit: usize,
     done: Option<oneshot::Sender<Kept>>,
+    /// Ends (is dropped) once the record of what was kept is written, or given up.
+    written: Option<oneshot::Receiver<()>>,
+    /// The stream's last frame (its trailers) or its end, held back until `written`:
+    /// a client that saw the whole response and asks again is answered from the record.
+    last: Option<Option<Frame<Bytes>>>,
 }
 
 impl<B> Tee<B> {
@@ -58,6 +64,60 @@ impl<B> Tee<B> {
 impl<B> Drop for Tee<B> {
     fn drop(&mut self) {
         self.finish(Kept::NotKept("the client stopped reading it"));
+    }
+}
+
+impl<B> Tee<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.last.is_none() {
+            match ready!(self.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let frame = to_bytes(frame);
+                    if let Some(data) = frame.data_ref() {
+                        let fits = self
+                            .kept
+                            .as_ref()
+                            .is_some_and(|kept| kept.len() + data.len() <= self.limit);
+                        match &mut self.kept {
+                            Some(kept) if fits => kept.extend_from_slice(data),
+                            _ => self.kept = None,
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                    // Trailers end the body: the server sends them and reads no more.
+                    let trailers = frame.trailers_ref().cloned();
+                    self.end(trailers);
+                    self.last = Some(Some(frame));
+                }
+                Some(Err(error)) => {
+                    self.finish(Kept::NotKept("it failed while it streamed"));
+                    return Poll::Ready(Some(Err(error.into())));
+                }
+                None => {
+                    self.end(None);
+                    self.last = Some(None);
+                }
+            }
+        }
+        if let Some(written) = &mut self.written {
+            // Either way — sent or dropped — the record is written or given up.
+            let _ = ready!(Pin::new(written).poll(cx));
+            self.written = None;
+        }
+        Poll::Ready(self.last.as_mut().and_then(Option::take).map(Ok))
+    }
+
+    /// Hands over what was kept of the whole stream.
+    fn end(&mut self, trailers: Option<HeaderMap>) {
+        let kept = match self.kept.take() {
+            Some(kept) => Kept::Whole(kept.freeze(), trailers),
+            None => Kept::NotKept("it was larger than the layer records"),
+        };
+        self.finish(kept);
     }
 }
 
@@ -82,14 +142,18 @@ impl<B> IdempotencyBody<B> {
     }
 
     /// The inner body passed on as it comes, a copy of up to `limit` bytes kept; what
-    /// was kept is sent on the receiver when the body ends (or is dropped).
-    pub(crate) fn teed(body: B, limit: usize) -> (Self, oneshot::Receiver<Kept>) {
+    /// was kept is sent on the receiver when the body ends (or is dropped). The end
+    /// itself (its trailers, or the end of the stream) is passed on once `written`
+    /// ends: the record of the stream is written before the client sees it whole.
+    pub(crate) fn teed(body: B, limit: usize, written: oneshot::Receiver<()>) -> (Self, oneshot::Receiver<Kept>) {
         let (done, kept) = oneshot::channel();
         let tee = Tee {
             inner: Box::pin(body),
             kept: Some(BytesMut::new()),
             limit,
             done: Some(done),
+            written: Some(written),
+            last: None,
         };
         (IdempotencyBody { kind: Kind::Teed(tee) }, kept)
     }
@@ -140,43 +204,7 @@ where
                 .as_mut()
                 .poll_frame(cx)
                 .map(|frame| frame.map(|frame| frame.map(to_bytes).map_err(Into::into))),
-            Kind::Teed(tee) => match ready!(tee.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    let frame = to_bytes(frame);
-                    if let Some(trailers) = frame.trailers_ref() {
-                        // Trailers end the body: the server sends them and reads no more.
-                        let kept = match tee.kept.take() {
-                            Some(kept) => Kept::Whole(kept.freeze(), Some(trailers.clone())),
-                            None => Kept::NotKept("it was larger than the layer records"),
-                        };
-                        tee.finish(kept);
-                        return Poll::Ready(Some(Ok(frame)));
-                    }
-                    if let Some(data) = frame.data_ref() {
-                        let fits = tee
-                            .kept
-                            .as_ref()
-                            .is_some_and(|kept| kept.len() + data.len() <= tee.limit);
-                        match &mut tee.kept {
-                            Some(kept) if fits => kept.extend_from_slice(data),
-                            _ => tee.kept = None,
-                        }
-                    }
-                    Poll::Ready(Some(Ok(frame)))
-                }
-                Some(Err(error)) => {
-                    tee.finish(Kept::NotKept("it failed while it streamed"));
-                    Poll::Ready(Some(Err(error.into())))
-                }
-                None => {
-                    let kept = match tee.kept.take() {
-                        Some(kept) => Kept::Whole(kept.freeze(), None),
-                        None => Kept::NotKept("it was larger than the layer records"),
-                    };
-                    tee.finish(kept);
-                    Poll::Ready(None)
-                }
-            },
+            Kind::Teed(tee) => tee.poll_frame(cx),
         }
     }
 

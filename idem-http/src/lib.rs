@@ -54,7 +54,7 @@
 //! | the same key and request again (a JSON body may be serialized again: [`BodyFingerprint`]) | the first response: status, body bytes, `content-type` and the [replayable](IdempotencyLayer::replay_header) headers, with `Idempotent-Replayed: true` |
 //! | the same key with another request (method, path, query or body) | 422, naming the body fields that differ (never their values) |
 //! | the same key while the first still runs | 409 with `Retry-After`, or, with `wait` on the operation, the first response once it is ready |
-//! | a streamed response (no known length), or one above [`IdempotencyLayer::response_limit`] | passed on as it comes (never held whole); recorded if it ended within the limit, else recorded as run and not replayable: duplicates get 409 |
+//! | a streamed response (no known length), or one above [`IdempotencyLayer::response_limit`] | passed on as it comes (never held whole); recorded if it ended within the limit, else recorded as run and not replayable: duplicates get 409. Its end (trailers, or the end of the body) is passed on once the record is written, so a retry sent the moment the client has it all is answered from the record |
 //! | a 4xx the handler answered after [`started`] | recorded and replayed like a 2xx ([`ClientErrors`]) |
 //! | a 4xx before that (an extractor's rejection, a validation) | returned, not recorded: a corrected retry runs |
 //! | a 5xx | returned, not recorded (the claim is released): a retry runs ([`IdempotencyLayer::record_server_errors`]) |

@@ -155,18 +155,28 @@ where
 
     let first: Slot<RB> = Arc::default();
     let (streamed_tx, mut streamed_rx) = oneshot::channel();
-    let handler = handle(settings.clone(), grpc, inner, request, first.clone(), streamed_tx);
+    let (written_tx, written_rx) = oneshot::channel::<()>();
+    let handler = handle(
+        settings.clone(),
+        grpc,
+        inner,
+        request,
+        first.clone(),
+        (streamed_tx, written_rx),
+    );
     let record_key = scope.record_key();
     let mut call = Box::pin(async move { op.execute(record_key, handler).await });
     let outcome = tokio::select! {
         outcome = &mut call => outcome,
         Ok(streaming) = &mut streamed_rx => {
-            // A stream goes to the client now; its record is written when it ends.
+            // A stream goes to the client now; its record is written when it ends, and
+            // its end reaches the client once the record is written (or given up).
             let biz = settings.op.biz().to_owned();
             tokio::spawn(async move {
                 if let Err(Unrecorded::Idem(error)) = call.await {
                     tracing::warn!(target: "idem", %error, %biz, "a streamed response's record could not be written");
                 }
+                drop(written_tx);
             });
             return Ok(streaming);
         }
@@ -200,14 +210,15 @@ where
 
 /// The handler's run inside the call: its response recorded whole (a 2xx, a 4xx after
 /// [`started`](crate::started)), passed on unrecorded, or — without a known length, or
-/// larger than the limit — handed out on `streamed` at once and recorded when it ends.
+/// larger than the limit — handed out on `streamed` at once and recorded when it ends,
+/// its end held back until `written` ends.
 async fn handle<S, B, RB>(
     settings: Arc<Settings>,
     grpc: bool,
     mut inner: S,
     request: Request<IdempotencyBody<B>>,
     first: Slot<RB>,
-    streamed: oneshot::Sender<Response<IdempotencyBody<RB>>>,
+    (streamed, written): (oneshot::Sender<Response<IdempotencyBody<RB>>>, oneshot::Receiver<()>),
 ) -> Result<RecordedResponse, Unrecorded<Response<IdempotencyBody<RB>>, S::Error>>
 where
     S: Service<Request<IdempotencyBody<B>>, Response = Response<RB>>,
@@ -256,7 +267,7 @@ where
             }
         }
         _ => {
-            let (body, kept) = IdempotencyBody::teed(body, limit);
+            let (body, kept) = IdempotencyBody::teed(body, limit, written);
             // The caller is gone if this fails; the copy then ends at once, not kept.
             let _ = streamed.send(Response::from_parts(parts, body));
             match kept.await {
