@@ -1,6 +1,32 @@
 //! The `#[idempotent]` attribute of [`idem`](https://docs.rs/idem). Depend on `idem`,
 //! which re-exports it together with the runtime it expands to.
 //!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use idem::{idempotent, MemoryStore};
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum OrderError {
+//!     #[error(transparent)]
+//!     Idem(#[from] idem::Error),
+//! }
+//!
+//! static SHIPPED: AtomicU32 = AtomicU32::new(0);
+//!
+//! #[idempotent(key = order_id, biz = "ship", ttl = "7d")]
+//! async fn ship(order_id: &str) -> Result<String, OrderError> {
+//!     SHIPPED.fetch_add(1, Ordering::SeqCst); // the courier is called once
+//!     Ok(format!("parcel for {order_id}"))
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), OrderError> {
+//! idem::install(Arc::new(MemoryStore::new()));
+//! assert_eq!(ship("order-7").await?, ship("order-7").await?); // the second replays
+//! assert_eq!(SHIPPED.load(Ordering::SeqCst), 1);
+//! # Ok(()) }
+//! ```
+//!
 //! This crate is a thin door: `args` parses and checks the options, `expand`
 //! writes the code, both over `proc_macro2` so they are unit-tested without a compiler
 //! run. Why `darling`: it reads the attribute's `name = value` list and collects every
