@@ -15,7 +15,7 @@ use sqlx::{pool::PoolOptions, Connection};
 use sqlx::{ConnectOptions, Database, Pool};
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-use crate::row::driver_error;
+use crate::error::driver_error;
 
 /// How long a call waits for a pooled connection before it fails with
 /// [`idem_runtime::Error::Store`] (sqlx's default is 30 s: behind an HTTP layer, every

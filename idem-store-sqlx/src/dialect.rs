@@ -1,13 +1,19 @@
 //! What differs between the SQL stores, as one crate-private trait, and what they share
 //! over it: the parts every store holds, building them for a table, renaming the table.
 
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
 
-use idem_runtime::StoreError;
-use sqlx::{Database, Pool};
+use idem_runtime::{Claim, StoreError};
+use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
-use crate::statements::Statements;
+use crate::claim::Upserted;
+use crate::error::driver_error;
+use crate::row::Stamp;
+use crate::shape::{Column, Need, UniqueKey};
+use crate::statements::{Flavor, Statements};
 use crate::table::{checked_table_name, derived_name, quoted};
 
 /// What every SQL store holds.
@@ -23,6 +29,9 @@ pub(crate) struct Parts<DB: Database> {
     pub purge_sql: Arc<str>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
     pub table_checked: Arc<OnceCell<()>>,
+    /// The statement `get` runs, when the server needs another than `sql.get` (a causal
+    /// read on a Galera node): learned with the table's check.
+    pub learned_get: Arc<OnceLock<String>>,
 }
 
 impl<DB: Database> Clone for Parts<DB> {
@@ -33,6 +42,7 @@ impl<DB: Database> Clone for Parts<DB> {
             upsert_sql: self.upsert_sql.clone(),
             purge_sql: self.purge_sql.clone(),
             table_checked: self.table_checked.clone(),
+            learned_get: self.learned_get.clone(),
         }
     }
 }
@@ -46,27 +56,104 @@ impl<DB: Database> std::fmt::Debug for Parts<DB> {
     }
 }
 
-/// One SQL dialect's store.
-pub(crate) trait Dialect: Sized {
+/// A SQL store: the [`Parts`] it holds, on its database. (`store_impl.rs` writes it.)
+pub(crate) trait Stored: Sized + Send + Sync + 'static {
     type Db: Database;
+    fn from_parts(parts: Parts<Self::Db>) -> Self;
+    fn parts(&self) -> &Parts<Self::Db>;
+}
+
+/// A SQL dialect's store: everything that differs between SQLite, PostgreSQL and
+/// MySQL/MariaDB. The trait impl, the public methods and the transactional claim
+/// (`store_impl.rs`, `store_api.rs`, `transaction.rs`) are written once over it.
+pub(crate) trait Dialect: Stored {
+    /// How an instant is bound and read back.
+    type Stamp: Stamp + Clone + Send + Sync;
+    /// What [`lock_wait_begin`](Self::lock_wait_begin) replaced, for
+    /// [`lock_wait_end`](Self::lock_wait_end) to restore.
+    type LockWait: Send;
     /// How the dialect quotes an identifier.
     const QUOTE: char;
-    /// The statements for the table `name`, written `table` (quoted): the shared ones,
-    /// the claim, the purge.
-    fn statements(name: &str, table: &str) -> (Statements, String, String);
-    fn from_parts(parts: Parts<Self::Db>) -> Self;
-    fn into_parts(self) -> Parts<Self::Db>;
-    fn parts(&self) -> &Parts<Self::Db>;
+    /// What differs in the statements every dialect shares.
+    const FLAVOR: Flavor;
+    /// The type `migrate` gives the `steps` column of a table made before steps.
+    const STEPS_TYPE: &'static str;
+    /// What the statements need of each column.
+    const NEEDS: &'static [Need];
+
+    /// The one statement that claims a key of the table written `table` (quoted).
+    /// Binds: biz, key, fingerprint, request body, lease end, now, expiry, first fence.
+    fn claim_statement(table: &str) -> String;
+    /// The bounded purge of the table written `table`. Binds: now, limit (and now
+    /// again where the dialect repeats it).
+    fn purge_statement(table: &str) -> String;
+
+    /// Run the claim statement `upsert` on `conn`: granted, or refused with the record
+    /// that stood in the way when the statement can tell (else the caller reads it,
+    /// with `get`).
+    fn upsert(
+        conn: &mut <Self::Db as Database>::Connection,
+        upsert: &str,
+        get: &str,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
+
+    /// Bound a claim's wait for another transaction's lock on `conn` by `wait`.
+    fn lock_wait_begin(
+        conn: &mut <Self::Db as Database>::Connection,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Self::LockWait, StoreError>> + Send;
+
+    /// Restore what `lock_wait_begin` changed; `claimed` says whether the claim
+    /// succeeded (else the dialect may undo its statement).
+    fn lock_wait_end(
+        conn: &mut <Self::Db as Database>::Connection,
+        restore: Self::LockWait,
+        claimed: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The error of a lock wait that ran out.
+    fn is_lock_wait(error: &sqlx::Error) -> bool;
+
+    /// How many rows a statement changed.
+    fn rows_changed(done: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// The table's columns and unique keys, from the catalog.
+    fn read_shape(&self) -> impl Future<Output = Result<(Vec<Column>, Vec<UniqueKey>), StoreError>> + Send;
+
+    /// Delete up to `limit` records that expired by `now` (never a live claim).
+    fn purge(&self, now: SystemTime, limit: u64) -> impl Future<Output = Result<u64, StoreError>> + Send
+    where
+        for<'c> &'c Pool<Self::Db>: Executor<'c, Database = Self::Db>,
+        for<'q> <Self::Db as Database>::Arguments<'q>: IntoArguments<'q, Self::Db>,
+        for<'q> Self::Stamp: Encode<'q, Self::Db> + Type<Self::Db>,
+        for<'q> i64: Encode<'q, Self::Db> + Type<Self::Db>,
+    {
+        async move {
+            let now = Self::Stamp::of(now);
+            let mut purge = sqlx::query(&self.parts().purge_sql).bind(now.clone());
+            if Self::FLAVOR.purge_repeats_now {
+                purge = purge.bind(now);
+            }
+            let done = purge
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .execute(&self.parts().pool)
+                .await
+                .map_err(|e| driver_error("purge", e))?;
+            Ok(Self::rows_changed(&done))
+        }
+    }
 
     /// Learn what the statements depend on of the server (once, with the table's
     /// check): nothing, but on MySQL/MariaDB whether it is a Galera node.
-    fn learn_server(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+    fn learn_server(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
     }
 
-    /// The statement `get` runs: the shared one, but on a Galera node a causal read.
+    /// The statement `get` runs: the shared one, unless the server needs another.
     fn get_statement(&self) -> &str {
-        &self.parts().sql.get
+        let parts = self.parts();
+        parts.learned_get.get().unwrap_or(&parts.sql.get)
     }
 }
 
@@ -79,17 +166,17 @@ pub(crate) fn derived_identifier<D: Dialect>(name: &str, suffix: &str) -> String
 /// A store of dialect `D` on `pool` and the table `name` (already checked).
 pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
     let table = quoted(&name, D::QUOTE);
-    let (sql, upsert_sql, purge_sql) = D::statements(&name, &table);
     D::from_parts(Parts {
         pool,
-        sql: Arc::new(sql),
-        upsert_sql: upsert_sql.into(),
-        purge_sql: purge_sql.into(),
+        sql: Arc::new(Statements::new(&name, &table, &D::FLAVOR)),
+        upsert_sql: D::claim_statement(&table).into(),
+        purge_sql: D::purge_statement(&table).into(),
         table_checked: Arc::default(),
+        learned_get: Arc::default(),
     })
 }
 
 /// `store` on the table `name` instead, once the name is checked.
 pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError> {
-    Ok(on_table(store.into_parts().pool, checked_table_name(name)?))
+    Ok(on_table(store.parts().pool.clone(), checked_table_name(name)?))
 }

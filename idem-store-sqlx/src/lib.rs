@@ -34,6 +34,8 @@ mod connection;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod dialect;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod error;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod migration;
 mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]

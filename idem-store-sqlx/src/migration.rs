@@ -1,6 +1,72 @@
 //! The DDL of the table, as the stores' `migration_sql()` give it: statements each
 //! ending with `;` at the end of a line, run one by one by `migrate()`.
 
+/// A dialect's types for the table's columns.
+pub(crate) struct ColumnTypes<'a> {
+    pub biz: &'a str,
+    pub key: &'a str,
+    pub status: &'a str,
+    pub fence: &'a str,
+    pub fingerprint: &'a str,
+    /// The request and response bodies and the steps.
+    pub long_text: &'a str,
+    pub error_message: &'a str,
+    pub instant: &'a str,
+    /// What a nullable column says of itself: nothing, or ` NULL`.
+    pub nullable: &'a str,
+}
+
+/// The table's status check, inline or as a named constraint.
+pub(crate) const STATUS_CHECK: &str = "CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))";
+
+/// `CREATE TABLE IF NOT EXISTS` of the table written `table` (quoted), in the
+/// dialect's `types`: the status check inline (`inline_check`) or else among the
+/// `extra` lines after the primary key, the table's `options` after it; ends with `;`
+/// and a new line.
+pub(crate) fn create_table(
+    table: &str,
+    types: &ColumnTypes<'_>,
+    inline_check: bool,
+    extra: &[String],
+    options: &str,
+) -> String {
+    let ColumnTypes {
+        biz,
+        key,
+        status,
+        fence,
+        fingerprint,
+        long_text,
+        error_message,
+        instant,
+        nullable: null,
+    } = types;
+    let check = if inline_check {
+        format!(" {STATUS_CHECK}")
+    } else {
+        String::new()
+    };
+    let extra: String = extra.iter().map(|line| format!(",\n  {line}")).collect();
+    format!(
+        "CREATE TABLE IF NOT EXISTS {table} (\n\
+         \x20 biz_type {biz} NOT NULL,\n\
+         \x20 idempotent_key {key} NOT NULL,\n\
+         \x20 status {status} NOT NULL{check},\n\
+         \x20 fence {fence} NOT NULL,\n\
+         \x20 fingerprint {fingerprint}{null},\n\
+         \x20 request_body {long_text}{null},\n\
+         \x20 response_body {long_text}{null},\n\
+         \x20 error_message {error_message}{null},\n\
+         \x20 lease_until {instant}{null},\n\
+         \x20 created_at {instant} NOT NULL,\n\
+         \x20 completed_at {instant}{null},\n\
+         \x20 expires_at {instant} NOT NULL,\n\
+         \x20 steps {long_text}{null},\n\
+         \x20 PRIMARY KEY (biz_type, idempotent_key){extra}\n\
+         ){options};\n"
+    )
+}
+
 /// The statements of `ddl`, without their `;`.
 pub(crate) fn statements(ddl: &str) -> impl Iterator<Item = &str> {
     ddl.split(";\n")

@@ -18,8 +18,7 @@
 //! condition's value (see the comment in `build`). A finished record's `lease_until`
 //! is its completion time, never NULL, which that order relies on.
 
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
@@ -28,14 +27,15 @@ use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResu
 use crate::claim::Upserted;
 use crate::connection::connect;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
-use crate::migration::statements;
-use crate::row::{driver_error, utc};
+use crate::error::driver_error;
+use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
+use crate::row::utc;
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
-use crate::statements::{Flavor, Statements};
+use crate::statements::Flavor;
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
-use crate::transaction::{impl_transaction_database, Table};
+use crate::transaction::impl_transaction_database;
 
 /// Idempotency records in MySQL or MariaDB, instants as UTC `DATETIME(6)`.
 ///
@@ -49,8 +49,6 @@ use crate::transaction::{impl_transaction_database, Table};
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     parts: Parts<sqlx::MySql>,
-    /// The causal `get` when the server is a Galera node (learned with the table's check).
-    causal_get: Arc<OnceLock<String>>,
 }
 
 /// [`COLUMNS`] with the key columns converted to the connection's character set:
@@ -106,28 +104,33 @@ impl MySqlStore {
         } else {
             "utf8mb4_0900_bin"
         };
-        let table = &self.parts.sql.quoted;
-        format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n\
-             \x20 biz_type VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL,\n\
-             \x20 idempotent_key VARCHAR(255) CHARACTER SET utf8mb4 COLLATE {exact} NOT NULL,\n\
-             \x20 status VARCHAR(16) NOT NULL,\n\
-             \x20 fence BIGINT NOT NULL,\n\
-             \x20 fingerprint VARCHAR(64) NULL,\n\
-             \x20 request_body LONGTEXT NULL,\n\
-             \x20 response_body LONGTEXT NULL,\n\
-             \x20 error_message TEXT NULL,\n\
-             \x20 lease_until DATETIME(6) NULL,\n\
-             \x20 created_at DATETIME(6) NOT NULL,\n\
-             \x20 completed_at DATETIME(6) NULL,\n\
-             \x20 expires_at DATETIME(6) NOT NULL,\n\
-             \x20 steps LONGTEXT NULL,\n\
-             \x20 PRIMARY KEY (biz_type, idempotent_key),\n\
-             \x20 KEY {} (expires_at),\n\
-             \x20 CONSTRAINT {} CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))\n\
-             ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;\n",
-            derived_identifier::<Self>(&self.parts.sql.table, "expires_at"),
-            derived_identifier::<Self>(&self.parts.sql.table, "status"),
+        let exact_key = |length| format!("VARCHAR({length}) CHARACTER SET utf8mb4 COLLATE {exact}");
+        let (biz, key) = (exact_key(64), exact_key(255));
+        let types = ColumnTypes {
+            biz: &biz,
+            key: &key,
+            status: "VARCHAR(16)",
+            fence: "BIGINT",
+            fingerprint: "VARCHAR(64)",
+            long_text: "LONGTEXT",
+            error_message: "TEXT",
+            instant: "DATETIME(6)",
+            nullable: " NULL",
+        };
+        let name = &self.parts.sql.table;
+        let extra = [
+            format!("KEY {} (expires_at)", derived_identifier::<Self>(name, "expires_at")),
+            format!(
+                "CONSTRAINT {} {STATUS_CHECK}",
+                derived_identifier::<Self>(name, "status")
+            ),
+        ];
+        create_table(
+            &self.parts.sql.quoted,
+            &types,
+            false,
+            &extra,
+            " ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
         )
     }
 
@@ -146,6 +149,85 @@ impl MySqlStore {
             Ok(())
         };
         self.verify_migration(created.await).await
+    }
+    /// What the claim statement's counts say; a takeover is confirmed by `read`ing the
+    /// record (its life's `created_at`).
+    async fn upserted<R, F>(claim: &Claim<'_>, done: &MySqlQueryResult, read: R) -> Result<Upserted, StoreError>
+    where
+        R: FnOnce() -> F,
+        F: std::future::Future<Output = Result<Option<idem_runtime::Record>, StoreError>>,
+    {
+        let lease = |fence, created_at| Lease {
+            biz: claim.biz.to_owned(),
+            key: claim.key.to_owned(),
+            fence,
+            created_at,
+        };
+        match (done.rows_affected(), done.last_insert_id()) {
+            (1, 0) => Ok(Upserted::Granted(lease(claim.first_fence(), utc(claim.now).into()))),
+            (2, fence) => {
+                // Granted on an existing row; a takeover kept the row's `created_at`.
+                match read().await? {
+                    Some(record) if record.fence == fence => Ok(Upserted::Granted(lease(fence, record.created_at))),
+                    other => Err(StoreError::new(format!(
+                        "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
+                        claim.biz,
+                        claim.key,
+                        other.map(|record| record.fence)
+                    ))),
+                }
+            }
+            _ => Ok(Upserted::Refused(None)),
+        }
+    }
+}
+
+impl Dialect for MySqlStore {
+    type Stamp = NaiveDateTime;
+    type LockWait = ();
+    const QUOTE: char = '`';
+    const FLAVOR: Flavor = Flavor {
+        numbered: false,
+        greatest: "GREATEST",
+        columns: SELECT_COLUMNS,
+        biz_text: "CONVERT(biz_type USING utf8mb4)",
+        locking_read: " LOCK IN SHARE MODE",
+        purge_repeats_now: true,
+    };
+
+    fn claim_statement(table: &str) -> String {
+        // Order matters: first the columns the condition does not read; then
+        // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
+        // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
+        // holds as a lapsed PROCESSING lease: an expired record's lease ended before it
+        // expired) and last `lease_until`. A record that expired with no lease at all
+        // (written by hand) no longer meets the condition there; it is known by the new
+        // life its `created_at` and `expires_at` were just given.
+        format!(
+            "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
+               lease_until, created_at, expires_at, fence) \
+             VALUES (?, ?, 'PROCESSING', ?, ?, ?, ?, ?, ?) \
+             ON DUPLICATE KEY UPDATE \
+               fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
+               request_body = IF({GRANTED}, VALUES(request_body), request_body), \
+               response_body = IF({GRANTED}, NULL, response_body), \
+               error_message = IF({GRANTED}, NULL, error_message), \
+               completed_at = IF({GRANTED}, NULL, completed_at), \
+               steps = IF({GRANTED}, IF(expires_at <= VALUES(created_at), NULL, steps), steps), \
+               created_at = IF({GRANTED} AND expires_at <= VALUES(created_at), VALUES(created_at), created_at), \
+               fingerprint = IF({GRANTED}, IF(expires_at <= VALUES(created_at), VALUES(fingerprint), \
+                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \
+               status = IF({GRANTED}, 'PROCESSING', status), \
+               expires_at = IF({GRANTED}, VALUES(expires_at), expires_at), \
+               lease_until = IF({GRANTED} OR {GRANTED_BY_EXPIRY_WITHOUT_LEASE}, VALUES(lease_until), lease_until)"
+        )
+    }
+
+    fn purge_statement(table: &str) -> String {
+        format!(
+            "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
+             ORDER BY expires_at LIMIT ?"
+        )
     }
 
     /// The type `migrate` gives the `steps` column.
@@ -222,60 +304,19 @@ impl MySqlStore {
         Ok((columns, keys))
     }
 
-    fn stamp(at: SystemTime) -> NaiveDateTime {
-        utc(at).naive_utc()
-    }
-
-    async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let done = bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
-            .execute(&self.parts.pool)
-            .await
-            .map_err(|e| driver_error("claim", e))?;
-        use idem_runtime::IdempotencyStore;
-        Self::upserted(claim, &done, || self.get(claim.biz, claim.key)).await
-    }
-
-    /// The claim statement on a transaction's connection.
-    async fn upsert_in(conn: &mut MySqlConnection, table: &Table, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let done = bind_claim!(sqlx::query(&table.upsert_sql), claim, Self::stamp)
+    /// The statement's counts say whether it granted; a takeover is confirmed by
+    /// reading the record with `get` (its life's `created_at`).
+    async fn upsert(
+        conn: &mut MySqlConnection,
+        upsert: &str,
+        get: &str,
+        claim: &Claim<'_>,
+    ) -> Result<Upserted, StoreError> {
+        let done = bind_claim!(sqlx::query(upsert), claim)
             .execute(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &done, move || {
-            Self::read(conn, &table.sql.get, claim.biz, claim.key)
-        })
-        .await
-    }
-
-    /// What the claim statement's counts say; a takeover is confirmed by `read`ing the
-    /// record (its life's `created_at`).
-    async fn upserted<R, F>(claim: &Claim<'_>, done: &MySqlQueryResult, read: R) -> Result<Upserted, StoreError>
-    where
-        R: FnOnce() -> F,
-        F: std::future::Future<Output = Result<Option<idem_runtime::Record>, StoreError>>,
-    {
-        let lease = |fence, created_at| Lease {
-            biz: claim.biz.to_owned(),
-            key: claim.key.to_owned(),
-            fence,
-            created_at,
-        };
-        match (done.rows_affected(), done.last_insert_id()) {
-            (1, 0) => Ok(Upserted::Granted(lease(claim.first_fence(), utc(claim.now).into()))),
-            (2, fence) => {
-                // Granted on an existing row; a takeover kept the row's `created_at`.
-                match read().await? {
-                    Some(record) if record.fence == fence => Ok(Upserted::Granted(lease(fence, record.created_at))),
-                    other => Err(StoreError::new(format!(
-                        "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
-                        claim.biz,
-                        claim.key,
-                        other.map(|record| record.fence)
-                    ))),
-                }
-            }
-            _ => Ok(Upserted::Refused(None)),
-        }
+        Self::upserted(claim, &done, move || Self::read(conn, get, claim.biz, claim.key)).await
     }
 
     /// Bound the claim's wait for another transaction's lock by the session's
@@ -310,79 +351,8 @@ impl MySqlStore {
             if db.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|e| e.number() == 1205))
     }
 
-    async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.parts.purge_sql)
-            .bind(Self::stamp(now))
-            .bind(Self::stamp(now))
-            .bind(limit)
-            .execute(&self.parts.pool)
-            .await
-            .map_err(|e| driver_error("purge", e))?;
-        Ok(done.rows_affected())
-    }
-}
-
-impl Dialect for MySqlStore {
-    type Db = sqlx::MySql;
-    const QUOTE: char = '`';
-
-    fn statements(name: &str, table: &str) -> (Statements, String, String) {
-        let sql = Statements::new(
-            name,
-            table,
-            &Flavor {
-                numbered: false,
-                greatest: "GREATEST",
-                columns: SELECT_COLUMNS,
-                biz_text: "CONVERT(biz_type USING utf8mb4)",
-                locking_read: " LOCK IN SHARE MODE",
-            },
-        );
-        // Order matters: first the columns the condition does not read; then
-        // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
-        // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
-        // holds as a lapsed PROCESSING lease: an expired record's lease ended before it
-        // expired) and last `lease_until`. A record that expired with no lease at all
-        // (written by hand) no longer meets the condition there; it is known by the new
-        // life its `created_at` and `expires_at` were just given.
-        let upsert_sql = format!(
-            "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
-               lease_until, created_at, expires_at, fence) \
-             VALUES (?, ?, 'PROCESSING', ?, ?, ?, ?, ?, ?) \
-             ON DUPLICATE KEY UPDATE \
-               fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
-               request_body = IF({GRANTED}, VALUES(request_body), request_body), \
-               response_body = IF({GRANTED}, NULL, response_body), \
-               error_message = IF({GRANTED}, NULL, error_message), \
-               completed_at = IF({GRANTED}, NULL, completed_at), \
-               steps = IF({GRANTED}, IF(expires_at <= VALUES(created_at), NULL, steps), steps), \
-               created_at = IF({GRANTED} AND expires_at <= VALUES(created_at), VALUES(created_at), created_at), \
-               fingerprint = IF({GRANTED}, IF(expires_at <= VALUES(created_at), VALUES(fingerprint), \
-                                COALESCE(VALUES(fingerprint), fingerprint)), fingerprint), \
-               status = IF({GRANTED}, 'PROCESSING', status), \
-               expires_at = IF({GRANTED}, VALUES(expires_at), expires_at), \
-               lease_until = IF({GRANTED} OR {GRANTED_BY_EXPIRY_WITHOUT_LEASE}, VALUES(lease_until), lease_until)"
-        );
-        let purge_sql = format!(
-            "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
-             ORDER BY expires_at LIMIT ?"
-        );
-        (sql, upsert_sql, purge_sql)
-    }
-
-    fn from_parts(parts: Parts<Self::Db>) -> Self {
-        Self {
-            parts,
-            causal_get: Arc::default(),
-        }
-    }
-
-    fn into_parts(self) -> Parts<Self::Db> {
-        self.parts
-    }
-
-    fn parts(&self) -> &Parts<Self::Db> {
-        &self.parts
+    fn rows_changed(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
     }
 
     /// A Galera node (`wsrep_on`) applies other nodes' commits after they return: reads
@@ -398,7 +368,8 @@ impl Dialect for MySqlStore {
         if setting("wsrep_on").is_some_and(|on| on.eq_ignore_ascii_case("ON")) {
             if setting("version").is_some_and(|v| v.contains("MariaDB")) {
                 let _ = self
-                    .causal_get
+                    .parts
+                    .learned_get
                     .set(format!("SET STATEMENT wsrep_sync_wait = 1 FOR {}", self.parts.sql.get));
             } else {
                 tracing::warn!(target: "idem", "the MySQL server is a Galera node: set wsrep_sync_wait = 1 for idem's connections, or a \
@@ -408,14 +379,10 @@ impl Dialect for MySqlStore {
         }
         Ok(())
     }
-
-    fn get_statement(&self) -> &str {
-        self.causal_get.get().unwrap_or(&self.parts.sql.get)
-    }
 }
 
-impl_idempotency_store!(MySqlStore, sqlx::MySql, NaiveDateTime);
-impl_store_api!(MySqlStore, sqlx::MySql, NaiveDateTime);
+impl_idempotency_store!(MySqlStore, sqlx::MySql);
+impl_store_api!(MySqlStore, sqlx::MySql);
 impl_transaction_database!(MySqlStore, sqlx::MySql, "MySQL");
 
 const EXACT_KEY: &str =

@@ -1,23 +1,24 @@
 //! The store on PostgreSQL.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use idem_runtime::{Claim, StoreError};
-use sqlx::postgres::{PgConnection, PgPool, PgRow};
+use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 
 use crate::claim::Upserted;
 use crate::connection::connect;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
-use crate::migration::statements;
-use crate::row::{driver_error, granted_lease, record_from_row, utc};
+use crate::error::driver_error;
+use crate::migration::{create_table, statements, ColumnTypes};
+use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
-use crate::statements::{upsert_on_conflict, Flavor, Statements};
+use crate::statements::{upsert_on_conflict, Flavor};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
-use crate::transaction::{impl_transaction_database, Table};
+use crate::transaction::impl_transaction_database;
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
@@ -59,26 +60,20 @@ impl PostgresStore {
     /// schema in migration files.
     pub fn migration_sql(&self) -> String {
         let table = &self.parts.sql.quoted;
-        format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n\
-             \x20 biz_type VARCHAR(64) NOT NULL,\n\
-             \x20 idempotent_key VARCHAR(255) NOT NULL,\n\
-             \x20 status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),\n\
-             \x20 fence BIGINT NOT NULL,\n\
-             \x20 fingerprint VARCHAR(64),\n\
-             \x20 request_body TEXT,\n\
-             \x20 response_body TEXT,\n\
-             \x20 error_message TEXT,\n\
-             \x20 lease_until TIMESTAMPTZ,\n\
-             \x20 created_at TIMESTAMPTZ NOT NULL,\n\
-             \x20 completed_at TIMESTAMPTZ,\n\
-             \x20 expires_at TIMESTAMPTZ NOT NULL,\n\
-             \x20 steps TEXT,\n\
-             \x20 PRIMARY KEY (biz_type, idempotent_key)\n\
-             );\n\
-             CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at);\n",
-            derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
-        )
+        let types = ColumnTypes {
+            biz: "VARCHAR(64)",
+            key: "VARCHAR(255)",
+            status: "VARCHAR(16)",
+            fence: "BIGINT",
+            fingerprint: "VARCHAR(64)",
+            long_text: "TEXT",
+            error_message: "TEXT",
+            instant: "TIMESTAMPTZ",
+            nullable: "",
+        };
+        let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
+        create_table(table, &types, true, &[], "")
+            + &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);\n")
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
@@ -93,6 +88,42 @@ impl PostgresStore {
             sqlx::query(statement).execute(&mut *tx).await.map_err(failed)?;
         }
         tx.commit().await.map_err(failed)
+    }
+}
+
+impl Dialect for PostgresStore {
+    type Stamp = DateTime<Utc>;
+    type LockWait = String;
+    const QUOTE: char = '"';
+    const FLAVOR: Flavor = Flavor {
+        numbered: true,
+        greatest: "GREATEST",
+        columns: COLUMNS,
+        biz_text: "biz_type",
+        locking_read: "",
+        purge_repeats_now: false,
+    };
+
+    fn claim_statement(table: &str) -> String {
+        let upsert = upsert_on_conflict(table, &Self::FLAVOR);
+        let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
+        format!(
+            "WITH granted AS ({upsert}) \
+             SELECT {}, granted.fence, granted.created_at \
+             FROM (SELECT 1) AS one \
+             LEFT JOIN granted ON TRUE \
+             LEFT JOIN {table} AS stood ON granted.fence IS NULL AND stood.biz_type = $1 AND stood.idempotent_key = $2",
+            stood.join(", ")
+        )
+    }
+
+    /// SKIP LOCKED: a purge never waits behind a claim in flight.
+    fn purge_statement(table: &str) -> String {
+        format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+             WHERE expires_at <= $1 AND (status <> 'PROCESSING' OR lease_until <= $1) \
+             LIMIT $2 FOR UPDATE SKIP LOCKED))"
+        )
     }
 
     /// The type `migrate` gives the `steps` column.
@@ -169,39 +200,25 @@ impl PostgresStore {
         Ok((columns, keys))
     }
 
-    fn stamp(at: SystemTime) -> DateTime<Utc> {
-        utc(at)
-    }
-
     /// One round trip either way: the claim statement runs in a CTE, and the same
     /// statement returns the record that stood in the way when it refused (as of the
     /// statement's snapshot; a row committed after it is read separately).
-    async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let row = bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
-            .fetch_one(&self.parts.pool)
-            .await
-            .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &row)
-    }
-
-    /// The claim statement on a transaction's connection (no deadlock retry: a deadlock
-    /// is the transaction's to handle).
-    async fn upsert_in(conn: &mut PgConnection, table: &Table, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let row = bind_claim!(sqlx::query(&table.upsert_sql), claim, Self::stamp)
+    async fn upsert(
+        conn: &mut PgConnection,
+        upsert: &str,
+        _get: &str,
+        claim: &Claim<'_>,
+    ) -> Result<Upserted, StoreError> {
+        let row = bind_claim!(sqlx::query(upsert), claim)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &row)
-    }
-
-    /// What the claim statement's row says: granted, or the record that stood in the way.
-    fn upserted(claim: &Claim<'_>, row: &PgRow) -> Result<Upserted, StoreError> {
-        if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, row, GRANTED_AT)? {
+        if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, &row, GRANTED_AT)? {
             return Ok(Upserted::Granted(lease));
         }
         let stood: Option<String> = row.try_get(0).map_err(|e| driver_error("claim", e))?;
         match stood {
-            Some(_) => Ok(Upserted::Refused(Some(record_from_row::<_, DateTime<Utc>>(row)?))),
+            Some(_) => Ok(Upserted::Refused(Some(record_from_row::<_, DateTime<Utc>>(&row)?))),
             None => Ok(Upserted::Refused(None)),
         }
     }
@@ -241,64 +258,13 @@ impl PostgresStore {
         matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
     }
 
-    async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.parts.purge_sql)
-            .bind(Self::stamp(now))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.parts.pool)
-            .await
-            .map_err(|e| driver_error("purge", e))?;
-        Ok(done.rows_affected())
+    fn rows_changed(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
     }
 }
 
-impl Dialect for PostgresStore {
-    type Db = sqlx::Postgres;
-    const QUOTE: char = '"';
-
-    fn statements(name: &str, table: &str) -> (Statements, String, String) {
-        let flavor = Flavor {
-            numbered: true,
-            greatest: "GREATEST",
-            columns: COLUMNS,
-            biz_text: "biz_type",
-            locking_read: "",
-        };
-        let sql = Statements::new(name, table, &flavor);
-        let upsert_sql = upsert_on_conflict(table, &flavor);
-        let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
-        let upsert_sql = format!(
-            "WITH granted AS ({upsert_sql}) \
-             SELECT {}, granted.fence, granted.created_at \
-             FROM (SELECT 1) AS one \
-             LEFT JOIN granted ON TRUE \
-             LEFT JOIN {table} AS stood ON granted.fence IS NULL AND stood.biz_type = $1 AND stood.idempotent_key = $2",
-            stood.join(", ")
-        );
-        // SKIP LOCKED: a purge never waits behind a claim in flight.
-        let purge_sql = format!(
-            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
-             WHERE expires_at <= $1 AND (status <> 'PROCESSING' OR lease_until <= $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED))"
-        );
-        (sql, upsert_sql, purge_sql)
-    }
-
-    fn from_parts(parts: Parts<Self::Db>) -> Self {
-        Self { parts }
-    }
-
-    fn into_parts(self) -> Parts<Self::Db> {
-        self.parts
-    }
-
-    fn parts(&self) -> &Parts<Self::Db> {
-        &self.parts
-    }
-}
-
-impl_idempotency_store!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
-impl_store_api!(PostgresStore, sqlx::Postgres, DateTime<Utc>);
+impl_idempotency_store!(PostgresStore, sqlx::Postgres);
+impl_store_api!(PostgresStore, sqlx::Postgres);
 impl_transaction_database!(PostgresStore, sqlx::Postgres, "PostgreSQL");
 
 const EXACT_KEY: &str =

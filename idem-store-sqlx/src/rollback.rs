@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use idem_runtime::StoreError;
 
-use crate::transaction::caused_by;
+use crate::error::caused_by;
 
 /// How often a holder write the server rolled back is run again.
 const WRITE_ATTEMPTS: u32 = 8;

@@ -8,6 +8,9 @@ use idem_runtime::{Claim, Lease};
 use idem_runtime::{Record, Status, StoreError};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::error::driver_error;
+
 /// `SystemTime` as UTC, truncated to the microseconds every column keeps.
 pub(crate) fn utc(at: SystemTime) -> DateTime<Utc> {
     let micros = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros();
@@ -15,7 +18,6 @@ pub(crate) fn utc(at: SystemTime) -> DateTime<Utc> {
     DateTime::<Utc>::from(truncated)
 }
 
-#[cfg(feature = "sqlite")]
 /// How SQLite stores an instant: fixed-width UTC text, so that text order is time
 /// order and an operator reads it as it is.
 pub(crate) fn sqlite_text(at: SystemTime) -> String {
@@ -26,22 +28,36 @@ const SQLITE_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.6f";
 
 /// A timestamp column value of some dialect.
 pub(crate) trait Stamp: Sized {
+    /// `at`, to the microsecond, as the dialect writes it.
+    fn of(at: SystemTime) -> Self;
     fn into_system_time(self) -> Result<SystemTime, String>;
 }
 
 impl Stamp for DateTime<Utc> {
+    fn of(at: SystemTime) -> Self {
+        utc(at)
+    }
+
     fn into_system_time(self) -> Result<SystemTime, String> {
         Ok(self.into())
     }
 }
 
 impl Stamp for NaiveDateTime {
+    fn of(at: SystemTime) -> Self {
+        utc(at).naive_utc()
+    }
+
     fn into_system_time(self) -> Result<SystemTime, String> {
         Ok(self.and_utc().into())
     }
 }
 
 impl Stamp for String {
+    fn of(at: SystemTime) -> Self {
+        sqlite_text(at)
+    }
+
     fn into_system_time(self) -> Result<SystemTime, String> {
         NaiveDateTime::parse_from_str(&self, SQLITE_FORMAT)
             .map(|at| at.and_utc().into())
@@ -112,11 +128,6 @@ where
         })),
         _ => Ok(None),
     }
-}
-
-/// A driver error as the backend-independent [`StoreError`].
-pub(crate) fn driver_error(operation: &str, error: sqlx::Error) -> StoreError {
-    StoreError::with_source(format!("{operation} failed"), error)
 }
 
 #[cfg(test)]

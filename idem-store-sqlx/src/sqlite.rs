@@ -1,21 +1,22 @@
 //! The store on SQLite (3.35 or later: the claim needs `RETURNING`).
 
 use std::str::FromStr;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idem_runtime::{Claim, StoreError};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
 use crate::claim::Upserted;
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
-use crate::migration::statements;
-use crate::row::{driver_error, granted_lease, sqlite_text};
+use crate::error::driver_error;
+use crate::migration::{create_table, statements, ColumnTypes};
+use crate::row::granted_lease;
 use crate::shape::{Column, Need, UniqueKey};
-use crate::statements::{upsert_on_conflict, Flavor, Statements};
+use crate::statements::{upsert_on_conflict, Flavor};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
-use crate::transaction::{impl_transaction_database, Table};
+use crate::transaction::impl_transaction_database;
 use idem_runtime::redacted_url as redacted;
 
 /// The oldest SQLite with `RETURNING` on an upsert.
@@ -93,26 +94,20 @@ impl SqliteStore {
     /// in migration files.
     pub fn migration_sql(&self) -> String {
         let table = &self.parts.sql.quoted;
-        format!(
-            "CREATE TABLE IF NOT EXISTS {table} (\n\
-             \x20 biz_type TEXT NOT NULL,\n\
-             \x20 idempotent_key TEXT NOT NULL,\n\
-             \x20 status TEXT NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),\n\
-             \x20 fence INTEGER NOT NULL,\n\
-             \x20 fingerprint TEXT,\n\
-             \x20 request_body TEXT,\n\
-             \x20 response_body TEXT,\n\
-             \x20 error_message TEXT,\n\
-             \x20 lease_until TEXT,\n\
-             \x20 created_at TEXT NOT NULL,\n\
-             \x20 completed_at TEXT,\n\
-             \x20 expires_at TEXT NOT NULL,\n\
-             \x20 steps TEXT,\n\
-             \x20 PRIMARY KEY (biz_type, idempotent_key)\n\
-             );\n\
-             CREATE INDEX IF NOT EXISTS {} ON {table} (expires_at);\n",
-            derived_identifier::<Self>(&self.parts.sql.table, "expires_at")
-        )
+        let types = ColumnTypes {
+            biz: TEXT,
+            key: TEXT,
+            status: TEXT,
+            fence: "INTEGER",
+            fingerprint: TEXT,
+            long_text: TEXT,
+            error_message: TEXT,
+            instant: TEXT,
+            nullable: "",
+        };
+        let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
+        create_table(table, &types, true, &[], "")
+            + &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);\n")
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
@@ -139,6 +134,31 @@ impl SqliteStore {
                 Err(error) => return Err(driver_error("switching to WAL journaling", error)),
             }
         }
+    }
+}
+
+impl Dialect for SqliteStore {
+    type Stamp = String;
+    type LockWait = i64;
+    const QUOTE: char = '"';
+    const FLAVOR: Flavor = Flavor {
+        numbered: false,
+        greatest: "MAX",
+        columns: COLUMNS,
+        biz_text: "biz_type",
+        locking_read: "",
+        purge_repeats_now: false,
+    };
+
+    fn claim_statement(table: &str) -> String {
+        upsert_on_conflict(table, &Self::FLAVOR)
+    }
+
+    fn purge_statement(table: &str) -> String {
+        format!(
+            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
+             WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
+        )
     }
 
     /// The type `migrate` gives the `steps` column.
@@ -213,32 +233,19 @@ impl SqliteStore {
         Ok((columns, keys))
     }
 
-    fn stamp(at: SystemTime) -> String {
-        sqlite_text(at)
-    }
-
-    /// One statement decides. (Reading first would spare replays the write lock, but
-    /// costs every first execution a trip to sqlx's connection thread: measured 1.27×
-    /// the floor against 1.06×.)
-    async fn upsert(&self, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let granted = bind_claim!(sqlx::query(&self.parts.upsert_sql), claim, Self::stamp)
-            .fetch_optional(&self.parts.pool)
-            .await
-            .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, granted)
-    }
-
-    /// The claim statement on a transaction's connection.
-    async fn upsert_in(conn: &mut SqliteConnection, table: &Table, claim: &Claim<'_>) -> Result<Upserted, StoreError> {
-        let granted = bind_claim!(sqlx::query(&table.upsert_sql), claim, Self::stamp)
+    /// One statement decides; it returns a row when it granted. (Reading first would
+    /// spare replays the write lock, but costs every first execution a trip to sqlx's
+    /// connection thread: measured 1.27× the floor against 1.06×.)
+    async fn upsert(
+        conn: &mut SqliteConnection,
+        upsert: &str,
+        _get: &str,
+        claim: &Claim<'_>,
+    ) -> Result<Upserted, StoreError> {
+        let granted = bind_claim!(sqlx::query(upsert), claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, granted)
-    }
-
-    /// What the claim statement returned: a row when it granted.
-    fn upserted(claim: &Claim<'_>, granted: Option<SqliteRow>) -> Result<Upserted, StoreError> {
         let lease = match granted {
             Some(row) => granted_lease::<_, String>(claim, &row, 0)?,
             None => None,
@@ -274,53 +281,13 @@ impl SqliteStore {
         is_busy(error)
     }
 
-    async fn purge(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.parts.purge_sql)
-            .bind(Self::stamp(now))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.parts.pool)
-            .await
-            .map_err(|e| driver_error("purge", e))?;
-        Ok(done.rows_affected())
+    fn rows_changed(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
+        done.rows_affected()
     }
 }
 
-impl Dialect for SqliteStore {
-    type Db = sqlx::Sqlite;
-    const QUOTE: char = '"';
-
-    fn statements(name: &str, table: &str) -> (Statements, String, String) {
-        let flavor = Flavor {
-            numbered: false,
-            greatest: "MAX",
-            columns: COLUMNS,
-            biz_text: "biz_type",
-            locking_read: "",
-        };
-        let sql = Statements::new(name, table, &flavor);
-        let upsert_sql = upsert_on_conflict(table, &flavor);
-        let purge_sql = format!(
-            "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
-             WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
-        );
-        (sql, upsert_sql, purge_sql)
-    }
-
-    fn from_parts(parts: Parts<Self::Db>) -> Self {
-        Self { parts }
-    }
-
-    fn into_parts(self) -> Parts<Self::Db> {
-        self.parts
-    }
-
-    fn parts(&self) -> &Parts<Self::Db> {
-        &self.parts
-    }
-}
-
-impl_idempotency_store!(SqliteStore, sqlx::Sqlite, String);
-impl_store_api!(SqliteStore, sqlx::Sqlite, String);
+impl_idempotency_store!(SqliteStore, sqlx::Sqlite);
+impl_store_api!(SqliteStore, sqlx::Sqlite);
 impl_transaction_database!(SqliteStore, sqlx::Sqlite, "SQLite");
 
 const TEXT: &str = "TEXT";

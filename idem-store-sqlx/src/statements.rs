@@ -21,6 +21,8 @@ pub(crate) struct Flavor {
     /// MODE` on MySQL, whose REPEATABLE READ reads a snapshot; empty where the claim
     /// statement already did, or where nothing can).
     pub locking_read: &'static str,
+    /// The purge binds `now` twice (MySQL's `?` cannot be used again).
+    pub purge_repeats_now: bool,
 }
 
 /// Statements shared by all dialects, with `?` turned into the dialect's placeholders.
@@ -189,6 +191,7 @@ mod tests {
             columns: COLUMNS,
             biz_text: "biz_type",
             locking_read: "",
+            purge_repeats_now: false,
         };
         let statements = Statements::new("t", "t", &flavor);
         assert!(statements

@@ -1,11 +1,10 @@
 //! The public methods every SQL store has beyond the store trait: the table's check,
 //! reconciliation lists, the statements for operators, the pool. Written once by a
-//! macro over each concrete store, like the trait impl (`store_impl.rs`) and for the
-//! same reason. A store provides `pool`, `sql`, `table_checked`, `fn stamp`,
-//! `const NEEDS` and `async fn read_shape`.
+//! macro over each concrete store's [`Dialect`](crate::dialect::Dialect), like the
+//! trait impl (`store_impl.rs`) and for the same reason.
 
 macro_rules! impl_store_api {
-    ($store:ty, $db:ty, $stamp:ty) => {
+    ($store:ty, $db:ty) => {
         impl $store {
             /// Stuck claims, the oldest first: `PROCESSING` records created at least
             /// `older_than` ago whose lease has lapsed (or that have none) — claims
@@ -61,14 +60,18 @@ macro_rules! impl_store_api {
             async fn list<'q>(
                 &self,
                 operation: &'static str,
-                query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+                query: sqlx::query::Query<
+                    'q,
+                    <Self as crate::dialect::Stored>::Db,
+                    <<Self as crate::dialect::Stored>::Db as sqlx::Database>::Arguments<'q>,
+                >,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let rows = query
                     .fetch_all(&self.parts.pool)
                     .await
-                    .map_err(|e| crate::row::driver_error(operation, e))?;
+                    .map_err(|e| crate::error::driver_error(operation, e))?;
                 rows.iter()
-                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .map(crate::row::record_from_row::<_, <Self as crate::dialect::Dialect>::Stamp>)
                     .collect()
             }
 
@@ -83,7 +86,7 @@ macro_rules! impl_store_api {
                     .bind(biz)
                     .fetch_all(&self.parts.pool)
                     .await
-                    .map_err(|e| crate::row::driver_error("stats", e))?;
+                    .map_err(|e| crate::error::driver_error("stats", e))?;
                 rows.into_iter()
                     .map(|(biz, status, records, expired)| {
                         Ok(crate::BizStatus {
@@ -106,7 +109,7 @@ macro_rules! impl_store_api {
                     .bind(key)
                     .execute(&self.parts.pool)
                     .await
-                    .map_err(|e| crate::row::driver_error("forget_failed", e))?;
+                    .map_err(|e| crate::error::driver_error("forget_failed", e))?;
                 Ok(done.rows_affected() > 0)
             }
 
@@ -117,8 +120,13 @@ macro_rules! impl_store_api {
             /// what was found and what is needed. `migrate()` runs it, and so does the
             /// first claim of a store that was never migrated.
             pub async fn check_table(&self) -> Result<(), idem_runtime::StoreError> {
-                let (columns, keys) = self.read_shape().await?;
-                crate::shape::check(&self.parts.sql.table, &columns, &keys, Self::NEEDS)
+                let (columns, keys) = <Self as crate::dialect::Dialect>::read_shape(self).await?;
+                crate::shape::check(
+                    &self.parts.sql.table,
+                    &columns,
+                    &keys,
+                    <Self as crate::dialect::Dialect>::NEEDS,
+                )
             }
 
             /// The table was checked (and the server's kind learned) once in this store's
@@ -158,18 +166,18 @@ macro_rules! impl_store_api {
                 let has_steps = |columns: &[crate::shape::Column]| {
                     columns.is_empty() || columns.iter().any(|c| c.name.eq_ignore_ascii_case("steps"))
                 };
-                if has_steps(&self.read_shape().await?.0) {
+                if has_steps(&<Self as crate::dialect::Dialect>::read_shape(self).await?.0) {
                     return Ok(());
                 }
                 let alter = format!(
                     "ALTER TABLE {} ADD COLUMN steps {}",
                     self.parts.sql.quoted,
-                    Self::STEPS_TYPE
+                    <Self as crate::dialect::Dialect>::STEPS_TYPE
                 );
                 match sqlx::query(&alter).execute(&self.parts.pool).await {
                     Ok(_) => Ok(()),
-                    Err(_) if has_steps(&self.read_shape().await?.0) => Ok(()),
-                    Err(e) => Err(crate::row::driver_error("adding the `steps` column", e)),
+                    Err(_) if has_steps(&<Self as crate::dialect::Dialect>::read_shape(self).await?.0) => Ok(()),
+                    Err(e) => Err(crate::error::driver_error("adding the `steps` column", e)),
                 }
             }
 

@@ -1,28 +1,49 @@
-//! The `IdempotencyStore` impl every SQL store shares.
+//! The `IdempotencyStore` impl every SQL store shares, over its [`Dialect`].
 //!
-//! The three stores differ in their driver types, their claim statement and their
-//! purge statement; everything else is the same code over [`Statements`]. sqlx's
-//! generic `Database` bounds for that code would outweigh it, so a macro writes the
-//! impl once per concrete store — the trait impl and the holder write it rests on,
-//! nothing else (the stores' public methods are `store_api.rs`'s). A store provides:
-//! `pool: Pool<$db>`, `sql: Statements`, `fn stamp(SystemTime) -> $stamp`,
-//! `async fn upsert(&self, &Claim) -> Result<Upserted, StoreError>`,
-//! `async fn purge(&self, SystemTime, u64) -> Result<u64, StoreError>` and, through
-//! `store_api.rs`, `async fn ensure_table(&self)`.
+//! Everything but the dialect is the same code over [`Statements`]; sqlx's generic
+//! `Database` bounds for that code would outweigh it, so a macro writes the impl once
+//! per concrete store (as sqlx writes its per-database impls) — the trait impl and the
+//! holder write it rests on, nothing else (the stores' public methods are
+//! `store_api.rs`'s).
 //!
+//! [`Dialect`]: crate::dialect::Dialect
 //! [`Statements`]: crate::statements::Statements
 
 macro_rules! impl_idempotency_store {
-    ($store:ty, $db:ty, $stamp:ty) => {
+    ($store:ty, $db:ty) => {
+        impl crate::dialect::Stored for $store {
+            type Db = $db;
+
+            fn from_parts(parts: crate::dialect::Parts<$db>) -> Self {
+                Self { parts }
+            }
+
+            fn parts(&self) -> &crate::dialect::Parts<$db> {
+                &self.parts
+            }
+        }
+
         #[async_trait::async_trait]
         impl idem_runtime::IdempotencyStore for $store {
             async fn claim(
                 &self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<idem_runtime::ClaimOutcome, idem_runtime::StoreError> {
+                use crate::dialect::Dialect;
                 let claimed = async {
                     self.ensure_table().await?;
-                    crate::claim::claim_or_read(claim, || self.upsert(claim), || self.get(claim.biz, claim.key)).await
+                    let mut conn = self
+                        .parts
+                        .pool
+                        .acquire()
+                        .await
+                        .map_err(|e| crate::error::driver_error("claim", e))?;
+                    let mut site = crate::claim::OnConnection::<Self> {
+                        conn: &mut *conn,
+                        upsert: &self.parts.upsert_sql,
+                        get: self.get_statement(),
+                    };
+                    crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::LostRace).await
                 };
                 crate::connection::explained(&self.parts.pool, claimed.await).await
             }
@@ -74,7 +95,7 @@ macro_rules! impl_idempotency_store {
                         .pool
                         .acquire()
                         .await
-                        .map_err(|e| crate::row::driver_error("release", e))?;
+                        .map_err(|e| crate::error::driver_error("release", e))?;
                     Self::release_in(&mut conn, &self.parts.sql, lease).await
                 });
                 crate::connection::explained(&self.parts.pool, released.await).await
@@ -111,11 +132,32 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 limit: u64,
             ) -> Result<u64, idem_runtime::StoreError> {
-                self.purge(now, limit).await
+                <Self as crate::dialect::Dialect>::purge(self, now, limit).await
+            }
+        }
+
+        impl crate::claim::ClaimSite for crate::claim::OnConnection<'_, $store> {
+            async fn upsert(
+                &mut self,
+                claim: &idem_runtime::Claim<'_>,
+            ) -> Result<crate::claim::Upserted, idem_runtime::StoreError> {
+                <$store as crate::dialect::Dialect>::upsert(self.conn, self.upsert, self.get, claim).await
+            }
+
+            async fn read(
+                &mut self,
+                claim: &idem_runtime::Claim<'_>,
+            ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
+                <$store>::read(&mut *self.conn, self.get, claim.biz, claim.key).await
             }
         }
 
         impl $store {
+            /// `at` as the dialect binds an instant.
+            fn stamp(at: std::time::SystemTime) -> <Self as crate::dialect::Dialect>::Stamp {
+                crate::row::Stamp::of(at)
+            }
+
             /// A holder write on the store's pool: `query` bound to the lease, run again
             /// while the server rolls it back (see `rollback.rs`).
             async fn write_held_on_pool<'q>(
@@ -148,7 +190,7 @@ macro_rules! impl_idempotency_store {
                     .bind(Self::stamp(lease.created_at))
                     .execute(executor)
                     .await
-                    .map_err(|e| crate::row::driver_error(operation, e))?;
+                    .map_err(|e| crate::error::driver_error(operation, e))?;
                 Ok(if done.rows_affected() == 0 {
                     idem_runtime::FenceCheck::Lost
                 } else {
@@ -201,9 +243,9 @@ macro_rules! impl_idempotency_store {
                     .bind(key)
                     .fetch_optional(executor)
                     .await
-                    .map_err(|e| crate::row::driver_error("get", e))?;
+                    .map_err(|e| crate::error::driver_error("get", e))?;
                 row.as_ref()
-                    .map(crate::row::record_from_row::<_, $stamp>)
+                    .map(crate::row::record_from_row::<_, <Self as crate::dialect::Dialect>::Stamp>)
                     .transpose()
             }
         }
@@ -213,15 +255,15 @@ macro_rules! impl_idempotency_store {
 /// Bind a claim's values in the order every dialect's claim statement takes them:
 /// biz, key, fingerprint, request body, lease end, now, expiry, first fence.
 macro_rules! bind_claim {
-    ($query:expr, $claim:expr, $stamp:path) => {
+    ($query:expr, $claim:expr) => {
         $query
             .bind($claim.biz)
             .bind($claim.key)
             .bind($claim.fingerprint)
             .bind($claim.request_body)
-            .bind($stamp($claim.lease_until()))
-            .bind($stamp($claim.now))
-            .bind($stamp($claim.expires_at()))
+            .bind(Self::stamp($claim.lease_until()))
+            .bind(Self::stamp($claim.now))
+            .bind(Self::stamp($claim.expires_at()))
             .bind(i64::try_from($claim.first_fence()).unwrap_or(i64::MAX))
     };
 }

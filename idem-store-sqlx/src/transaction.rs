@@ -363,11 +363,9 @@ impl<DB: TransactionDatabase> StoreCheck<DB> {
     }
 }
 
-/// `TransactionDatabase` for one store's database: what the trait needs, from the
-/// store's statements and its dialect's claim, wait and error codes. A store provides
-/// `fn upsert_in(&mut Connection, &Table, &Claim)`, `fn lock_wait_begin(&mut
-/// Connection, Duration) -> Restore`, `fn lock_wait_end(&mut Connection, Restore,
-/// claimed: bool)` and `fn is_lock_wait(&sqlx::Error) -> bool`, besides `store_impl.rs`'s.
+/// `TransactionDatabase` for one store's database (`$db`, its
+/// [`Dialect::Db`](crate::dialect::Dialect::Db)), over the store's dialect: its
+/// statements, its claim and its lock wait.
 macro_rules! impl_transaction_database {
     ($store:ty, $db:ty, $label:literal) => {
         impl crate::transaction::sealed::Sealed for $db {}
@@ -391,46 +389,34 @@ macro_rules! impl_transaction_database {
                         use crate::dialect::Dialect;
                         let name = crate::table::DEFAULT_TABLE;
                         let quoted = crate::table::quoted(name, <$store>::QUOTE);
-                        let (sql, upsert_sql, _) = <$store>::statements(name, &quoted);
                         crate::transaction::Table {
-                            sql: std::sync::Arc::new(sql),
-                            upsert_sql: upsert_sql.into(),
+                            sql: std::sync::Arc::new(crate::statements::Statements::new(name, &quoted, &<$store>::FLAVOR)),
+                            upsert_sql: <$store>::claim_statement(&quoted).into(),
                         }
                     })
                     .clone()
             }
 
             async fn claim_in(
-                conn: &mut <$db as sqlx::Database>::Connection,
+                conn: &mut Self::Connection,
                 table: &crate::transaction::Table,
                 claim: &idem_runtime::Claim<'_>,
                 wait: Option<std::time::Duration>,
             ) -> Result<Option<idem_runtime::ClaimOutcome>, idem_runtime::StoreError> {
+                use crate::dialect::Dialect;
                 // Without `wait`, the claim waits as every statement of the connection
                 // does, and costs no statement besides its own.
                 let restore = match wait {
                     Some(wait) => Some(<$store>::lock_wait_begin(&mut *conn, wait).await?),
                     None => None,
                 };
-                let outcome = async {
-                    for _ in 0..crate::claim::CLAIM_ATTEMPTS {
-                        let stood = match <$store>::upsert_in(&mut *conn, table, claim).await? {
-                            crate::claim::Upserted::Granted(lease) => {
-                                return Ok(idem_runtime::ClaimOutcome::Acquired(lease))
-                            }
-                            crate::claim::Upserted::Refused(Some(record)) => Some(record),
-                            crate::claim::Upserted::Refused(None) => {
-                                <$store>::read(&mut *conn, &table.sql.get_in_transaction, claim.biz, claim.key).await?
-                            }
-                        };
-                        if let Some(existing) = crate::claim::standing(claim, stood) {
-                            return Ok(existing);
-                        }
-                    }
-                    Err(crate::claim::changed_under(claim))
-                }
-                .await;
-                let locked = matches!(&outcome, Err(error) if crate::transaction::caused_by(error, <$store>::is_lock_wait));
+                let mut site = crate::claim::OnConnection::<$store> {
+                    conn: &mut *conn,
+                    upsert: &table.upsert_sql,
+                    get: &table.sql.get_in_transaction,
+                };
+                let outcome = crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::Aborted).await;
+                let locked = matches!(&outcome, Err(error) if crate::error::caused_by(error, <$store>::is_lock_wait));
                 if let Some(restore) = restore {
                     <$store>::lock_wait_end(&mut *conn, restore, outcome.is_ok()).await?;
                 }
@@ -442,7 +428,7 @@ macro_rules! impl_transaction_database {
             }
 
             async fn write_in(
-                conn: &mut <$db as sqlx::Database>::Connection,
+                conn: &mut Self::Connection,
                 table: &crate::transaction::Table,
                 lease: &idem_runtime::Lease,
                 write: crate::transaction::Write<'_>,
@@ -465,10 +451,3 @@ macro_rules! impl_transaction_database {
 }
 
 pub(crate) use impl_transaction_database;
-
-/// Whether `error` was caused by a driver error that `is` recognizes.
-pub(crate) fn caused_by(error: &StoreError, is: fn(&sqlx::Error) -> bool) -> bool {
-    std::error::Error::source(error)
-        .and_then(|source| source.downcast_ref::<sqlx::Error>())
-        .is_some_and(is)
-}
