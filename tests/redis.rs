@@ -325,3 +325,82 @@ async fn a_claim_on_a_live_lease_is_refused_and_a_lapsed_one_taken_over() {
         FenceCheck::Lost
     );
 }
+
+/// A server that needs a password: the URL-only constructor is refused with Redis's
+/// own answer, and a store on the application's own connection manager (password in
+/// its client, timeouts of its own) claims, replays and fences as on any server — and
+/// is still refused when that server may evict records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_built_client_reaches_a_password_protected_server() {
+    if !have_redis_server() {
+        return;
+    }
+    let server = OwnRedis::start(None, &["--maxmemory-policy", "noeviction", "--requirepass", "s3cret"]);
+    let refused = RedisStore::connect(&server.url()).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("NOAUTH") || format!("{refused:?}").contains("NOAUTH"),
+        "{refused:?}"
+    );
+
+    let with_password = format!("redis://:s3cret@127.0.0.1:{}/0", server.port);
+    let config = RedisStore::manager_config().set_response_timeout(Duration::from_secs(2));
+    let manager = redis::Client::open(with_password.as_str())
+        .unwrap()
+        .get_connection_manager_with_config(config)
+        .await
+        .unwrap();
+    let store: Store = Arc::new(RedisStore::from_manager(manager.clone()).await.unwrap());
+    let op = Idempotent::new("redis.password").store(store.clone());
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let pay = || async {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok::<_, Error>(19_900u64)
+    };
+    assert_eq!(op.execute("order-7", pay()).await.unwrap(), 19_900);
+    assert_eq!(op.execute("order-7", pay()).await.unwrap(), 19_900, "replayed");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // A lease taken over is fenced out, through the user's client too.
+    let now = idem::store::now();
+    let claim = Claim::new(
+        "redis.password",
+        "k",
+        now,
+        Duration::from_millis(1),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Acquired(first) = store.claim(&claim).await.unwrap() else {
+        panic!("a new key")
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let later = Claim::new(
+        "redis.password",
+        "k",
+        idem::store::now(),
+        Duration::from_secs(30),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Acquired(second) = store.claim(&later).await.unwrap() else {
+        panic!("taken over")
+    };
+    assert!(second.fence > first.fence);
+    let stale = store
+        .complete(&first, "\"late\"", idem::store::now(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(stale, FenceCheck::Lost);
+
+    // The application's manager is still its own.
+    let mut shared = manager;
+    let pong: String = redis::cmd("PING").query_async(&mut shared).await.unwrap();
+    assert_eq!(pong, "PONG");
+
+    let evicting = OwnRedis::start(None, &["--maxmemory-policy", "volatile-lru", "--requirepass", "s3cret"]);
+    let manager = redis::Client::open(format!("redis://:s3cret@127.0.0.1:{}/0", evicting.port))
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let error = RedisStore::from_manager(manager).await.unwrap_err();
+    assert!(error.to_string().contains("volatile-lru"), "{error}");
+}

@@ -131,3 +131,30 @@ async fn a_storm_through_a_failover_runs_every_key_once() {
         errors.load(Ordering::SeqCst)
     ));
 }
+
+/// A store on the application's own cluster connection (built with its own timeouts):
+/// the eviction check runs on every primary, and a call runs once and replays.
+#[tokio::test]
+async fn a_user_built_cluster_connection_is_a_store() {
+    use idem::{redis, Error, Idempotent};
+
+    let Some(urls) = conformance::server_url("IDEM_TEST_REDIS_CLUSTER_URLS", "Redis Cluster") else {
+        return;
+    };
+    let client = redis::cluster::ClusterClientBuilder::new(urls.split(',').collect::<Vec<_>>())
+        .response_timeout(std::time::Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let conn = client.get_async_connection().await.unwrap();
+    let store = RedisStore::from_cluster(conn).await.unwrap();
+    let op = Idempotent::new("cluster.user").store(Arc::new(store));
+    let key = conformance::unique("k");
+    let runs = std::sync::atomic::AtomicU32::new(0);
+    let pay = || async {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok::<_, Error>(7u64)
+    };
+    assert_eq!(op.execute(&key, pay()).await.unwrap(), 7);
+    assert_eq!(op.execute(&key, pay()).await.unwrap(), 7);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -46,8 +46,10 @@
 //!   `Held`. Another call's write of the same lease is refused, as on the SQL stores.
 //! - *Eviction.* Under any `maxmemory-policy` but `noeviction`, Redis may delete live
 //!   records to make room, and a duplicate whose record was evicted runs again.
-//!   [`RedisStore::connect`] and [`RedisStore::connect_cluster`] read the policy of
-//!   every primary and refuse to start otherwise.
+//!   Every constructor ([`RedisStore::connect`], [`RedisStore::connect_cluster`],
+//!   [`RedisStore::from_manager`], [`RedisStore::from_cluster`]) reads the policy of
+//!   every primary and refuses to start otherwise — the `volatile-*` policies too,
+//!   since every record has a time to live.
 //! - *CROSSSLOT.* A record is one key, tagged; the scripts take one key each.
 //!
 //! # What a claim on Redis guarantees

@@ -1,12 +1,13 @@
 //! `RedisStore`: connecting, the key layout, and the store trait over the scripts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::redacted_url as redacted;
 use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
-use redis::aio::ConnectionManagerConfig;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::Script;
 
 use crate::connection::Connection;
@@ -28,20 +29,12 @@ fn script(source: &str) -> Script {
     Script::new(&format!("{}\n{source}", include_str!("lua/common.lua")))
 }
 
-fn claim_script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| script(include_str!("lua/claim.lua")))
-}
-
-fn write_script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| script(include_str!("lua/write.lua")))
-}
-
-fn purge_script() -> &'static Script {
-    static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| script(include_str!("lua/purge.lua")))
-}
+/// The claim: insert, take over, or answer the record in the way.
+static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim.lua")));
+/// The holder's writes, each checking its fence and life.
+static WRITE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/write.lua")));
+/// The deletion of one expired record.
+static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/purge.lua")));
 
 /// Idempotency records in Redis: one hash per record, every change one Lua script.
 ///
@@ -108,6 +101,31 @@ impl RedisStore {
         Self::checked(Connection::Cluster(conn)).await
     }
 
+    /// A store on the application's own connection manager — built with the password,
+    /// TLS, timeouts and retries the deployment needs, and perhaps shared with the
+    /// application — after checking that the server will not evict records.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_store_redis::{redis, RedisStore};
+    ///
+    /// let client = redis::Client::open("redis://:s3cret@10.0.0.7:6379/0")?;
+    /// let config = RedisStore::manager_config().set_response_timeout(std::time::Duration::from_secs(2));
+    /// let manager = client.get_connection_manager_with_config(config).await?;
+    /// let store = RedisStore::from_manager(manager.clone()).await?; // the application keeps `manager`
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_manager(manager: ConnectionManager) -> Result<Self, StoreError> {
+        Self::checked(Connection::Single(manager)).await
+    }
+
+    /// A store on the application's own Redis Cluster connection (from a
+    /// `redis::cluster::ClusterClientBuilder` with the password, TLS and timeouts the
+    /// deployment needs), after checking that no primary will evict records.
+    pub async fn from_cluster(conn: ClusterConnection) -> Result<Self, StoreError> {
+        Self::checked(Connection::Cluster(conn)).await
+    }
+
     async fn checked(conn: Connection) -> Result<Self, StoreError> {
         let store = RedisStore {
             conn,
@@ -120,8 +138,10 @@ impl RedisStore {
 
     /// Refuse a server whose `maxmemory-policy` may evict keys: an evicted record is a
     /// claim silently gone, and the next duplicate would run again. Only `noeviction`
-    /// (Redis answers writes with an error when full) and the `volatile-*` policies on
-    /// a server without `maxmemory` are safe; the store refuses every other one.
+    /// (Redis answers writes with an error when full) is accepted. The `volatile-*`
+    /// policies are refused too: they evict keys that have a time to live, and every
+    /// record has one (Redis deletes it [`keep_expired`](Self::keep_expired) after it
+    /// expires).
     pub async fn check_eviction_policy(&self) -> Result<(), StoreError> {
         let cmd = redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy").clone();
         let read = |e| failed("reading maxmemory-policy", e);
@@ -170,7 +190,7 @@ impl RedisStore {
     /// since the epoch), fingerprint and request body (`""` for none), a claimant id,
     /// and how long to keep the record after it expires (µs).
     pub fn claim_script() -> &'static Script {
-        claim_script()
+        &CLAIM
     }
 
     /// The holder-write script: `ARGV` what (`complete`, `fail`, `renew`, `release`,
@@ -178,7 +198,7 @@ impl RedisStore {
     /// the write call (a resend with the same id is answered as applied; another
     /// writer's `complete` of the same lease is not).
     pub fn write_script() -> &'static Script {
-        write_script()
+        &WRITE
     }
 
     fn keep_us(&self) -> u64 {
@@ -215,7 +235,7 @@ impl RedisStore {
             Write::Release => ("release", String::new(), 0, 0),
             Write::Steps(steps) => ("steps", steps.to_owned(), 0, 0),
         };
-        let mut invocation = write_script().prepare_invoke();
+        let mut invocation = WRITE.prepare_invoke();
         invocation
             .key(self.record_key(&lease.biz, &lease.key))
             .arg(what)
@@ -238,7 +258,7 @@ impl RedisStore {
 #[async_trait::async_trait]
 impl IdempotencyStore for RedisStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut invocation = claim_script().prepare_invoke();
+        let mut invocation = CLAIM.prepare_invoke();
         invocation
             .key(self.record_key(claim.biz, claim.key))
             .arg(micros(claim.now).to_string())
@@ -338,7 +358,7 @@ impl IdempotencyStore for RedisStore {
                     .clone();
                 let (next, keys): (u64, Vec<String>) = self.conn.query_on(&primary, &cmd).await.map_err(scan)?;
                 for key in keys {
-                    let mut invocation = purge_script().prepare_invoke();
+                    let mut invocation = PURGE.prepare_invoke();
                     invocation.key(&key).arg(micros(now).to_string());
                     purged += self.run::<u64>("purge", ("", &key), &invocation).await?;
                     if purged >= limit {
@@ -359,9 +379,9 @@ impl IdempotencyStore for RedisStore {
 /// again for the same call recognizes itself by it, and only it.
 fn call_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    static PROCESS: OnceLock<String> = OnceLock::new();
-    let process = PROCESS.get_or_init(|| format!("{}-{}", std::process::id(), micros(SystemTime::now())));
-    format!("{process}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    static PROCESS: LazyLock<String> =
+        LazyLock::new(|| format!("{}-{}", std::process::id(), micros(SystemTime::now())));
+    format!("{}-{}", *PROCESS, NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A reply the connection lost (the script may or may not have run).

@@ -383,18 +383,16 @@ macro_rules! impl_transaction_database {
             }
 
             fn default_table() -> crate::transaction::Table {
-                static DEFAULT: std::sync::OnceLock<crate::transaction::Table> = std::sync::OnceLock::new();
-                DEFAULT
-                    .get_or_init(|| {
-                        use crate::dialect::Dialect;
-                        let name = crate::table::DEFAULT_TABLE;
-                        let quoted = crate::table::quoted(name, <$store>::QUOTE);
-                        crate::transaction::Table {
-                            sql: std::sync::Arc::new(crate::statements::Statements::new(name, &quoted, &<$store>::FLAVOR)),
-                            upsert_sql: <$store>::claim_statement(&quoted).into(),
-                        }
-                    })
-                    .clone()
+                static DEFAULT: std::sync::LazyLock<crate::transaction::Table> = std::sync::LazyLock::new(|| {
+                    use crate::dialect::Dialect;
+                    let name = crate::table::DEFAULT_TABLE;
+                    let quoted = crate::table::quoted(name, <$store>::QUOTE);
+                    crate::transaction::Table {
+                        sql: std::sync::Arc::new(crate::statements::Statements::new(name, &quoted, &<$store>::FLAVOR)),
+                        upsert_sql: <$store>::claim_statement(&quoted).into(),
+                    }
+                });
+                DEFAULT.clone()
             }
 
             async fn claim_in(
