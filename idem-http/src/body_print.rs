@@ -10,9 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use crate::scope::hex;
+use idem_runtime::digest::sha256_hex;
 
 /// How a request body is fingerprinted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,7 +51,7 @@ impl BodyPrint {
         let json = how == BodyFingerprint::CanonicalJson && content_type.is_some_and(is_json);
         let parsed = json.then(|| serde_json::from_slice::<Value>(body).ok()).flatten();
         let Some(value) = parsed else {
-            return BodyPrint::Sha256(hex(&Sha256::digest(body)));
+            return BodyPrint::Sha256(sha256_hex(body));
         };
         let mut leaves = Vec::new();
         collect(&value, &mut String::new(), ignored, &mut leaves);
@@ -62,12 +61,12 @@ impl BodyPrint {
             for pointer in ignored {
                 remove(&mut kept, pointer);
             }
-            return BodyPrint::Json(hex(&Sha256::digest(kept.to_string())));
+            return BodyPrint::Json(sha256_hex(kept.to_string()));
         }
         BodyPrint::Fields(
             leaves
                 .into_iter()
-                .map(|(path, text)| (path, hex(&Sha256::digest(text))[..16].to_owned()))
+                .map(|(path, text)| (path, sha256_hex(text)[..16].to_owned()))
                 .collect(),
         )
     }

@@ -17,7 +17,7 @@ use http::header::{AUTHORIZATION, COOKIE};
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use crate::scope::hex;
+use idem_runtime::digest::hex;
 
 /// The application's tenant of a request; `None` when it cannot tell.
 pub(crate) type TenantFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;

@@ -6,10 +6,18 @@
 //! `grpc-status` says what happened.
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Response};
 
 use crate::problem::Problem;
+
+/// A gRPC call's status (in the trailers, or in the headers of a trailers-only
+/// response): always kept in the record.
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// The status's message.
+pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// The status's details.
+pub(crate) const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// gRPC status codes the layer answers with or judges by.
 mod code {
@@ -55,9 +63,9 @@ pub(crate) fn refusal<B: From<Bytes>>(problem: Problem, detail: &str, retry_afte
     let mut response = Response::new(B::from(Bytes::new()));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert("grpc-status", HeaderValue::from(status_of(problem)));
+    headers.insert(GRPC_STATUS, HeaderValue::from(status_of(problem)));
     if let Ok(message) = HeaderValue::from_str(&percent_encoded(&format!("{}: {detail}", problem.title()))) {
-        headers.insert("grpc-message", message);
+        headers.insert(GRPC_MESSAGE, message);
     }
     if problem == Problem::InProgress {
         headers.insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
@@ -68,7 +76,7 @@ pub(crate) fn refusal<B: From<Bytes>>(problem: Problem, detail: &str, retry_afte
 /// The `grpc-status` a response ended with: in its trailers, or in its headers for a
 /// trailers-only response.
 pub(crate) fn status_in(headers: &HeaderMap) -> Option<u32> {
-    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
+    headers.get(GRPC_STATUS)?.to_str().ok()?.parse().ok()
 }
 
 /// Whether the status a call ended with is the server's failure (retry it) rather than

@@ -8,7 +8,7 @@ use http::HeaderValue;
 use sfv::{BareItem, Parser};
 
 /// Longest key a client may send, in bytes, as the draft and Stripe allow.
-pub const MAX_KEY_BYTES: usize = 255;
+pub use idem_runtime::MAX_KEY_BYTES;
 
 /// Why the header cannot be used as a key.
 #[derive(Debug, Clone, PartialEq, Eq)]

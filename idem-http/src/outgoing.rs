@@ -5,10 +5,6 @@
 //! [`Context::effect_key`]: idem_runtime::Context::effect_key
 
 use http::header::{HeaderName, HeaderValue};
-use sha2::{Digest, Sha256};
-
-use crate::key::MAX_KEY_BYTES;
-use crate::scope::hex;
 
 /// The header's name, lower-case as HTTP/2 sends it.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -40,11 +36,7 @@ pub fn outgoing_key(effect: &str) -> Result<HeaderValue, NoCall> {
         effect: effect.to_owned(),
     })?;
     let key = context.effect_key(effect);
-    let key = if key.len() <= MAX_KEY_BYTES && key.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-        key
-    } else {
-        format!("sha256:{}", hex(&Sha256::digest(key.as_bytes())))
-    };
+    let key = idem_runtime::digest::key_or_digest(key, |c| (' '..='~').contains(&c));
     let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
     Ok(HeaderValue::try_from(quoted).expect("visible ASCII is a header value"))
 }

@@ -9,10 +9,7 @@ use http::response::Parts;
 use http::{Response, StatusCode};
 use serde::{Deserialize, Serialize};
 
-/// A trailers-only gRPC response's status, in its headers: always kept.
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+use crate::grpc::{GRPC_MESSAGE, GRPC_STATUS, GRPC_STATUS_DETAILS};
 
 /// The header a replayed response carries.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";

@@ -2,9 +2,6 @@
 //! (see `caller.rs`). The same key from two callers, or on two routes, is two requests.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-
-use idem_runtime::MAX_KEY_BYTES;
 
 use crate::body_print::BodyPrint;
 
@@ -65,23 +62,8 @@ impl Scope {
             self.tenant,
             self.key
         );
-        if readable.len() <= MAX_KEY_BYTES && !readable.chars().any(char::is_control) {
-            readable
-        } else {
-            format!("sha256:{}", hex(&Sha256::digest(readable.as_bytes())))
-        }
+        idem_runtime::digest::key_or_digest(readable, |c| !c.is_control())
     }
-}
-
-/// Lower-case hex of `bytes`, written into one string.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for &byte in bytes {
-        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-    }
-    out
 }
 
 #[cfg(test)]
@@ -100,6 +82,5 @@ mod tests {
         let long = key("acme", &"k".repeat(255));
         assert!(long.starts_with("sha256:") && long.len() == 71, "{long}");
         assert!(key("line\nbreak", "k").starts_with("sha256:"));
-        assert_eq!(hex(&[0x00, 0x9f, 0xff, 0x10]), "009fff10");
     }
 }

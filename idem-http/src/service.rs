@@ -26,8 +26,25 @@ use crate::recorded::RecordedResponse;
 use crate::scope::Scope;
 use crate::started::StartedMark;
 
-/// The future of one request through the layer.
-pub type ResponseFuture<R, E> = Pin<Box<dyn Future<Output = Result<R, E>> + Send>>;
+/// The future of one request through the layer: the response, or the inner service's
+/// error.
+pub struct ResponseFuture<R, E> {
+    inner: Pin<Box<dyn Future<Output = Result<R, E>> + Send>>,
+}
+
+impl<R, E> Future for ResponseFuture<R, E> {
+    type Output = Result<R, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<R, E> std::fmt::Debug for ResponseFuture<R, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around `S`.
 #[derive(Clone)]
@@ -75,7 +92,9 @@ where
         // The service driven to readiness serves this request; its clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(serve(self.settings.clone(), inner, request))
+        ResponseFuture {
+            inner: Box::pin(serve(self.settings.clone(), inner, request)),
+        }
     }
 }
 

@@ -20,7 +20,6 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_content::{Data, Number, Value};
-use sha2::{Digest, Sha256};
 
 /// The name [`Unordered`] serializes under, as a newtype struct: transparent to every
 /// format (JSON writes the inner value), recognised by the fingerprint.
@@ -82,12 +81,7 @@ pub(crate) fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, 
     let value = serde_content::Serializer::new().human_readable().serialize(payload)?;
     let mut text = String::new();
     canonical(&value, &mut text);
-    let digest = Sha256::digest(text.as_bytes());
-    let mut hex = String::with_capacity(64);
-    for byte in digest {
-        let _ = write!(hex, "{byte:02x}");
-    }
-    Ok(hex)
+    Ok(crate::digest::sha256_hex(text))
 }
 
 fn canonical(value: &Value<'_>, out: &mut String) {

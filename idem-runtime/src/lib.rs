@@ -35,6 +35,7 @@ mod claim;
 mod clock;
 mod context;
 mod default_store;
+pub mod digest;
 mod error;
 mod executor;
 mod fingerprint;

@@ -26,7 +26,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tracing::field::Empty;
 
 use crate::error::Error;
@@ -46,9 +45,7 @@ pub fn hash_keys_in_traces(hash: bool) {
 /// The key as spans show it.
 fn shown(key: &str) -> String {
     if HASH_KEYS.load(Ordering::Relaxed) {
-        let digest = Sha256::digest(key.as_bytes());
-        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        format!("sha256:{hex}")
+        format!("sha256:{}", &crate::digest::sha256_hex(key)[..16])
     } else {
         key.to_owned()
     }
