@@ -72,6 +72,28 @@ where
     percentiles(samples)
 }
 
+/// `variants` measurements of `calls` calls each, one call of each in turn (after a
+/// warm-up of each on keys of its own): the percentiles of each, in order.
+async fn alternate<'a, F>(calls: usize, mut call: F, variants: usize) -> Vec<Percentiles>
+where
+    F: FnMut(usize, usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
+{
+    for i in 0..calls.min(200) {
+        for variant in 0..variants {
+            call(variant, usize::MAX - i * variants - variant).await;
+        }
+    }
+    let mut samples = vec![Vec::with_capacity(calls); variants];
+    for i in 0..calls {
+        for (variant, samples) in samples.iter_mut().enumerate() {
+            let started = Instant::now();
+            call(variant, i * variants + variant).await;
+            samples.push(started.elapsed());
+        }
+    }
+    samples.into_iter().map(percentiles).collect()
+}
+
 fn micros(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
 }
@@ -405,13 +427,36 @@ async fn latency(backend: &Backend, calls: usize) {
         std::hint::black_box(bare(i as u64).await.unwrap());
     })
     .await;
-    let first = sample(calls, |i| {
-        let op = &op;
-        async move {
-            std::hint::black_box(op.execute(format!("{run}-{i}"), bare(i as u64)).await.unwrap());
-        }
-    })
-    .await;
+    // idem's first execution, the floor of its own statements and the seed design's
+    // floor, one call of each in turn: drift in the machine or the server touches all
+    // three alike.
+    if let Some(floor) = &backend.floor {
+        seed_floor::create(floor).await;
+    }
+    let mut alternated = alternate(
+        calls,
+        |variant, i| {
+            let op = &op;
+            Box::pin(async move {
+                let key = format!("{run}-{i}");
+                match variant {
+                    0 => std::hint::black_box(drop(op.execute(key, bare(i as u64)).await.unwrap())),
+                    1 => backend.by_hand(&key).await,
+                    _ => seed_floor::claim_and_record(backend.floor.as_ref().unwrap(), &key).await,
+                }
+            })
+        },
+        match (&backend.floor, &backend.redis_floor) {
+            (Some(_), _) => 3,
+            (None, Some(_)) => 2,
+            (None, None) => 1,
+        },
+    )
+    .await
+    .into_iter();
+    let first = alternated.next().unwrap();
+    let floor = alternated.next();
+    let seed = alternated.next();
     op.execute(format!("{run}-hot"), bare(0)).await.unwrap();
     let replay = sample(calls, |_| {
         let op = &op;
@@ -430,11 +475,6 @@ async fn latency(backend: &Backend, calls: usize) {
         }
     })
     .await;
-    let floor = if backend.floor.is_some() || backend.redis_floor.is_some() {
-        Some(sample(calls, |i| async move { backend.by_hand(&format!("{run}-{i}")).await }).await)
-    } else {
-        None
-    };
     let row = |what: &str, p: &Percentiles, against: Option<&Percentiles>| {
         let ratio = against.map_or(String::from("—"), |base| {
             format!("{:.2}×", p.p50.as_secs_f64() / base.p50.as_secs_f64())
@@ -450,7 +490,13 @@ async fn latency(backend: &Backend, calls: usize) {
     if let Some(floor) = &floor {
         row("hand-written floor (claim + record)", floor, None);
     }
+    if let Some(seed) = &seed {
+        row("seed-design floor (INSERT + UPDATE)", seed, None);
+    }
     row("idem first execution", &first, floor.as_ref());
+    if let Some(seed) = &seed {
+        row("idem first execution, against the seed design", &first, Some(seed));
+    }
     row("idem replay", &replay, None);
     row("idem replay via CachedStore", &cached_replay, None);
     // The library's own cost: over the floor where there is one, over the bare fn
@@ -555,6 +601,7 @@ async fn memory_per_record() -> (u64, usize) {
 mod growth;
 mod http_layer;
 mod redis_floor;
+mod seed_floor;
 mod transactional;
 
 #[tokio::main]
