@@ -72,8 +72,9 @@ where
     percentiles(samples)
 }
 
-/// `variants` measurements of `calls` calls each, one call of each in turn (after a
-/// warm-up of each on keys of its own): the percentiles of each, in order.
+/// `variants` measurements of `calls` calls each, one call of each in turn — each
+/// round starting with the next variant, so none always follows the same one — after a
+/// warm-up of each on keys of its own: the percentiles of each, in order.
 async fn alternate<'a, F>(calls: usize, mut call: F, variants: usize) -> Vec<Percentiles>
 where
     F: FnMut(usize, usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
@@ -85,10 +86,11 @@ where
     }
     let mut samples = vec![Vec::with_capacity(calls); variants];
     for i in 0..calls {
-        for (variant, samples) in samples.iter_mut().enumerate() {
+        for turn in 0..variants {
+            let variant = (i + turn) % variants;
             let started = Instant::now();
             call(variant, i * variants + variant).await;
-            samples.push(started.elapsed());
+            samples[variant].push(started.elapsed());
         }
     }
     samples.into_iter().map(percentiles).collect()
@@ -285,8 +287,7 @@ async fn postgres_rows(
         fetch_one
     )
     .unwrap();
-    // The claim returns the record that stood in the way first (13 columns), then the grant.
-    let (fence, created_at): (i64, DateTime<Utc>) = (row.get(13), row.get(14));
+    let (fence, created_at): (i64, DateTime<Utc>) = (row.get(0), row.get(1));
     if let Some(sql) = business {
         business_insert::<idem::sqlx::Postgres>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
     }
@@ -351,6 +352,17 @@ async fn mysql_rows(
     .unwrap();
 }
 
+/// `store` on a table of its own, made anew for the run (as the seed design's floor
+/// is): every statement measured on a table of the same size.
+macro_rules! fresh_table {
+    ($store:expr, $drop:expr) => {{
+        idem::sqlx::query($drop).execute($store.pool()).await.unwrap();
+        let store = $store.with_table_name("idem_bench_record").unwrap();
+        store.migrate().await.unwrap();
+        store
+    }};
+}
+
 async fn backends() -> Vec<Backend> {
     let mut backends = vec![Backend {
         name: "memory",
@@ -372,7 +384,7 @@ async fn backends() -> Vec<Backend> {
     });
     if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
         let store = idem::PostgresStore::connect(&url).await.unwrap();
-        store.migrate().await.unwrap();
+        let store = fresh_table!(store, "DROP TABLE IF EXISTS idem_bench_record");
         let floor = Floor::Postgres(store.clone());
         backends.push(Backend {
             name: "PostgreSQL",
@@ -391,7 +403,7 @@ async fn backends() -> Vec<Backend> {
         let store = idem::MySqlStore::connect(urls.split(',').next().unwrap())
             .await
             .unwrap();
-        store.migrate().await.unwrap();
+        let store = fresh_table!(store, "DROP TABLE IF EXISTS idem_bench_record");
         let floor = Floor::MySql(store.clone());
         backends.push(Backend {
             name,
@@ -440,14 +452,14 @@ async fn latency(backend: &Backend, calls: usize) {
             Box::pin(async move {
                 let key = format!("{run}-{i}");
                 match variant {
-                    0 => std::hint::black_box(drop(op.execute(key, bare(i as u64)).await.unwrap())),
+                    0 => drop(std::hint::black_box(op.execute(key, bare(i as u64)).await.unwrap())),
                     1 => backend.by_hand(&key).await,
-                    _ => seed_floor::claim_and_record(backend.floor.as_ref().unwrap(), &key).await,
+                    v => seed_floor::claim_and_record(backend.floor.as_ref().unwrap(), &key, v == 3).await,
                 }
             })
         },
         match (&backend.floor, &backend.redis_floor) {
-            (Some(_), _) => 3,
+            (Some(_), _) => 4,
             (None, Some(_)) => 2,
             (None, None) => 1,
         },
@@ -457,6 +469,7 @@ async fn latency(backend: &Backend, calls: usize) {
     let first = alternated.next().unwrap();
     let floor = alternated.next();
     let seed = alternated.next();
+    let seed_moving_expiry = alternated.next();
     op.execute(format!("{run}-hot"), bare(0)).await.unwrap();
     let replay = sample(calls, |_| {
         let op = &op;
@@ -492,6 +505,9 @@ async fn latency(backend: &Backend, calls: usize) {
     }
     if let Some(seed) = &seed {
         row("seed-design floor (INSERT + UPDATE)", seed, None);
+    }
+    if let Some(moving) = &seed_moving_expiry {
+        row("seed-design floor, its UPDATE moving the expiry", moving, seed.as_ref());
     }
     row("idem first execution", &first, floor.as_ref());
     if let Some(seed) = &seed {

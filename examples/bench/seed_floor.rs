@@ -59,14 +59,22 @@ const INSERT: &str = "INSERT INTO idem_seed_floor (biz_type, idempotent_key, sta
                       expired_at) VALUES (?, ?, 'PROCESSING', NULL, ?, ?)";
 const UPDATE: &str = "UPDATE idem_seed_floor SET status = 'SUCCESS', response_body = ?, completed_at = ? \
                       WHERE biz_type = ? AND idempotent_key = ?";
+/// The same `UPDATE`, moving the expiry too (as idem's completion does: its `ttl`
+/// counts from completion), so the expiry index is written twice.
+const UPDATE_MOVING_EXPIRY: &str =
+    "UPDATE idem_seed_floor SET status = 'SUCCESS', response_body = ?, completed_at = ?, \
+                                    expired_at = ? WHERE biz_type = ? AND idempotent_key = ?";
+const UPDATE_MOVING_EXPIRY_PG: &str = "UPDATE idem_seed_floor SET status = 'SUCCESS', response_body = $1, \
+                                       completed_at = $2, expired_at = $3 WHERE biz_type = $4 AND idempotent_key = $5";
 const INSERT_PG: &str = "INSERT INTO idem_seed_floor (biz_type, idempotent_key, status, request_body, created_at, \
                          expired_at) VALUES ($1, $2, 'PROCESSING', NULL, $3, $4)";
 const UPDATE_PG: &str = "UPDATE idem_seed_floor SET status = 'SUCCESS', response_body = $1, completed_at = $2 \
                          WHERE biz_type = $3 AND idempotent_key = $4";
 
-/// Claim `key` with an `INSERT`, record the answer with an `UPDATE`: each its own
-/// statement on the pool, as idem's leased mode runs its two.
-pub async fn claim_and_record(floor: &Floor, key: &str) {
+/// Claim `key` with an `INSERT`, record the answer with an `UPDATE` (that also moves
+/// the expiry, with `moving_expiry`): each its own statement on the pool, as idem's
+/// leased mode runs its two.
+pub async fn claim_and_record(floor: &Floor, key: &str, moving_expiry: bool) {
     let now = idem::store::now();
     let expires = now + Duration::from_secs(86_400);
     macro_rules! two_statements {
@@ -79,20 +87,20 @@ pub async fn claim_and_record(floor: &Floor, key: &str) {
                 .execute($store.pool())
                 .await
                 .unwrap();
-            let done = sqlx::query($update)
+            let mut update = sqlx::query(if moving_expiry { $update.1 } else { $update.0 })
                 .bind(RESPONSE)
-                .bind($at(now))
-                .bind(BIZ)
-                .bind(key)
-                .execute($store.pool())
-                .await
-                .unwrap();
+                .bind($at(now));
+            if moving_expiry {
+                update = update.bind($at(expires));
+            }
+            let done = update.bind(BIZ).bind(key).execute($store.pool()).await.unwrap();
             assert_eq!(done.rows_affected(), 1);
         }};
     }
     match floor {
-        Floor::Sqlite(store) => two_statements!(store, INSERT, UPDATE, super::sqlite_text),
-        Floor::Postgres(store) => two_statements!(store, INSERT_PG, UPDATE_PG, utc),
-        Floor::MySql(store) => two_statements!(store, INSERT, UPDATE, |at: SystemTime| utc(at).naive_utc()),
+        Floor::Sqlite(store) => two_statements!(store, INSERT, (UPDATE, UPDATE_MOVING_EXPIRY), super::sqlite_text),
+        Floor::Postgres(store) => two_statements!(store, INSERT_PG, (UPDATE_PG, UPDATE_MOVING_EXPIRY_PG), utc),
+        Floor::MySql(store) => two_statements!(store, INSERT, (UPDATE, UPDATE_MOVING_EXPIRY), |at: SystemTime| utc(at)
+            .naive_utc()),
     }
 }

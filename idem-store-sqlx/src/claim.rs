@@ -35,6 +35,16 @@ pub(crate) enum RolledBack {
 /// Where a claim's statements run: the claim statement, and the read of what stood in
 /// its way.
 pub(crate) trait ClaimSite {
+    /// Whether the site first tries [`insert`](Self::insert), the cheaper claim of a key
+    /// nobody holds.
+    fn inserts_first(&self) -> bool {
+        false
+    }
+    /// Insert the record of a key nobody holds: the lease, or `None` when one stood.
+    fn insert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
+        let _ = claim;
+        std::future::ready(Ok(None))
+    }
     fn upsert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
     fn read(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 }
@@ -47,18 +57,36 @@ pub(crate) struct OnConnection<'c, D: Dialect> {
     pub upsert: &'c str,
     /// The read of one record.
     pub get: &'c str,
+    /// The dialect's insert-if-absent claim, where it has one and the site uses it.
+    pub insert: Option<&'c str>,
 }
 
 /// Run the claim statement at `site`; when it refused without saying what stood in
 /// the way — or, on the pool, the server rolled it back, another writer of the key
 /// coming first — read the record. A record that vanished or became claimable in
 /// between sends the claim round again, a bounded number of times — never a guess.
-/// The one claim loop of every SQL store, on its pool and in a caller's transaction.
+/// Where the site has one, a cheaper insert of a key nobody holds goes first; a record
+/// in its way is read, answered if it stands, and only a claimable one goes on to the
+/// claim statement (which takes it over). The one claim loop of every SQL store, on
+/// its pool and in a caller's transaction.
 pub(crate) async fn claim_or_read<S: ClaimSite>(
     claim: &Claim<'_>,
     site: &mut S,
     rolled_back: RolledBack,
 ) -> Result<ClaimOutcome, StoreError> {
+    if site.inserts_first() {
+        let stood = match site.insert(claim).await {
+            Ok(Some(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
+            Ok(None) => site.read(claim).await?,
+            Err(error) if rolled_back == RolledBack::LostRace && crate::rollback::lost_race(&error) => {
+                site.read(claim).await?
+            }
+            Err(error) => return Err(error),
+        };
+        if let Some(existing) = standing(claim, stood) {
+            return Ok(existing);
+        }
+    }
     for _ in 0..CLAIM_ATTEMPTS {
         let stood = match site.upsert(claim).await {
             Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),

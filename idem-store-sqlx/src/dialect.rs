@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::{Claim, StoreError};
+use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
@@ -25,6 +25,8 @@ pub(crate) struct Parts<DB: Database> {
     pub sql: Arc<Statements>,
     /// The dialect's one-statement claim.
     pub upsert_sql: Arc<str>,
+    /// The dialect's claim of a key nobody holds, tried first where it has one.
+    pub insert_sql: Option<Arc<str>>,
     /// The dialect's bounded purge.
     pub purge_sql: Arc<str>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
@@ -40,6 +42,7 @@ impl<DB: Database> Clone for Parts<DB> {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
             upsert_sql: self.upsert_sql.clone(),
+            insert_sql: self.insert_sql.clone(),
             purge_sql: self.purge_sql.clone(),
             table_checked: self.table_checked.clone(),
             learned_get: self.learned_get.clone(),
@@ -84,6 +87,27 @@ pub(crate) trait Dialect: Stored {
     /// The one statement that claims a key of the table written `table` (quoted).
     /// Binds: biz, key, fingerprint, request body, lease end, now, expiry, first fence.
     fn claim_statement(table: &str) -> String;
+    /// A cheaper claim of a key nobody holds, tried on the store's pool before
+    /// [`claim_statement`](Self::claim_statement) where the dialect has one: it inserts
+    /// the record or, when one stands, changes nothing (the claim then reads it, and
+    /// takes it over with the claim statement only if it is claimable). Binds as the
+    /// claim statement's.
+    fn insert_statement(table: &str) -> Option<String> {
+        let _ = table;
+        None
+    }
+
+    /// Run [`insert_statement`](Self::insert_statement)'s `sql` on `conn`: the lease
+    /// when it inserted the record, `None` when one stood.
+    fn insert_if_absent(
+        conn: &mut <Self::Db as Database>::Connection,
+        sql: &str,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
+        let _ = (conn, sql, claim);
+        std::future::ready(Err(StoreError::new("this dialect has no insert-if-absent claim")))
+    }
+
     /// The bounded purge of the table written `table`. Binds: now, limit (and now
     /// again where the dialect repeats it).
     fn purge_statement(table: &str) -> String;
@@ -170,6 +194,7 @@ pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
         pool,
         sql: Arc::new(Statements::new(&name, &table, &D::FLAVOR)),
         upsert_sql: D::claim_statement(&table).into(),
+        insert_sql: D::insert_statement(&table).map(Into::into),
         purge_sql: D::purge_statement(&table).into(),
         table_checked: Arc::default(),
         learned_get: Arc::default(),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use idem_runtime::{Claim, StoreError};
+use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 
@@ -14,7 +14,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
-use crate::statements::{upsert_on_conflict, Flavor};
+use crate::statements::{insert_if_absent, upsert_on_conflict, Flavor};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -115,6 +115,25 @@ impl Dialect for PostgresStore {
              LEFT JOIN {table} AS stood ON granted.fence IS NULL AND stood.biz_type = $1 AND stood.idempotent_key = $2",
             stood.join(", ")
         )
+    }
+
+    fn insert_statement(table: &str) -> Option<String> {
+        Some(insert_if_absent(table, &Self::FLAVOR))
+    }
+
+    async fn insert_if_absent(
+        conn: &mut PgConnection,
+        sql: &str,
+        claim: &Claim<'_>,
+    ) -> Result<Option<Lease>, StoreError> {
+        let row = bind_claim!(sqlx::query(sql), claim)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| driver_error("claim", e))?;
+        match row {
+            Some(row) => granted_lease::<_, DateTime<Utc>>(claim, &row, 0),
+            None => Ok(None),
+        }
     }
 
     /// SKIP LOCKED: a purge never waits behind a claim in flight.

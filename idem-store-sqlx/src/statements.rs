@@ -127,6 +127,20 @@ impl Statements {
     }
 }
 
+#[cfg(feature = "postgres")]
+/// The claim of a key nobody holds: the record inserted, `RETURNING` its fence and life;
+/// no row when a record stands (it is then read, and taken over by
+/// [`upsert_on_conflict`] only if it is claimable). It writes nothing over a record
+/// that stands, so a duplicate's claim locks no row and commits no write. Binds as
+/// [`upsert_on_conflict`]'s.
+pub(crate) fn insert_if_absent(table: &str, flavor: &Flavor) -> String {
+    let upsert = upsert_on_conflict(table, flavor);
+    let (insert, _) = upsert
+        .split_once(" ON CONFLICT")
+        .expect("the claim's insert has a conflict clause");
+    format!("{insert} ON CONFLICT (biz_type, idempotent_key) DO NOTHING RETURNING fence, created_at")
+}
+
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The claim on PostgreSQL and SQLite: insert, or take over an expired record or a
 /// lapsed lease whose fingerprint agrees, in one statement; `RETURNING` says whether

@@ -181,10 +181,20 @@ macro_rules! impl_store_api {
                 }
             }
 
-            /// The exact SQL of the claim, one statement. Binds, in order: biz, key,
-            /// fingerprint, request body, lease end, now, expiry, first fence. For operators and for
-            /// the benchmark that runs it by hand as the floor idem is held to.
+            /// The exact SQL a first claim of a key runs, one statement. Binds, in
+            /// order: biz, key, fingerprint, request body, lease end, now, expiry, first
+            /// fence. For operators and for the benchmark that runs it by hand as the
+            /// floor idem is held to. (On PostgreSQL it inserts a record nobody holds and
+            /// returns its fence and `created_at`; a record in the way is read, and taken
+            /// over by [`takeover_sql`](Self::takeover_sql) only if it is claimable.
+            /// Elsewhere it is that statement.)
             pub fn claim_sql(&self) -> &str {
+                self.parts.insert_sql.as_deref().unwrap_or(&self.parts.upsert_sql)
+            }
+
+            /// The exact SQL of the claim that also takes over an expired record or a
+            /// lapsed lease, one atomic statement; binds as [`claim_sql`](Self::claim_sql)'s.
+            pub fn takeover_sql(&self) -> &str {
                 &self.parts.upsert_sql
             }
 

@@ -42,6 +42,7 @@ macro_rules! impl_idempotency_store {
                         conn: &mut *conn,
                         upsert: &self.parts.upsert_sql,
                         get: self.get_statement(),
+                        insert: self.parts.insert_sql.as_deref(),
                     };
                     crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::LostRace).await
                 };
@@ -137,6 +138,18 @@ macro_rules! impl_idempotency_store {
         }
 
         impl crate::claim::ClaimSite for crate::claim::OnConnection<'_, $store> {
+            fn inserts_first(&self) -> bool {
+                self.insert.is_some()
+            }
+
+            async fn insert(
+                &mut self,
+                claim: &idem_runtime::Claim<'_>,
+            ) -> Result<Option<idem_runtime::Lease>, idem_runtime::StoreError> {
+                let sql = self.insert.expect("a site that inserts first has the statement");
+                <$store as crate::dialect::Dialect>::insert_if_absent(self.conn, sql, claim).await
+            }
+
             async fn upsert(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,

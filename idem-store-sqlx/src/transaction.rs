@@ -412,6 +412,9 @@ macro_rules! impl_transaction_database {
                     conn: &mut *conn,
                     upsert: &table.upsert_sql,
                     get: &table.sql.get_in_transaction,
+                    // In the caller's transaction the claim statement alone decides, as it
+                    // always has: its row lock is the one a duplicate waits on.
+                    insert: None,
                 };
                 let outcome = crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::Aborted).await;
                 let locked = matches!(&outcome, Err(error) if crate::error::caused_by(error, <$store>::is_lock_wait));
