@@ -9,10 +9,14 @@
 //! the table and its `expires_at` index idempotently, never touching the
 //! application's `_sqlx_migrations`.
 //!
-//! The claim is one statement per dialect (`INSERT … ON CONFLICT … DO UPDATE … WHERE
-//! <expired or lease lapsed> RETURNING` on PostgreSQL and SQLite; on MySQL an
-//! `ON DUPLICATE KEY UPDATE` whose fence increment decides ownership); every holder
-//! write matches the lease's fence and `created_at`; completion is one `UPDATE`.
+//! A claim takes a key atomically in one statement per dialect (`INSERT … ON CONFLICT …
+//! DO UPDATE … WHERE <expired or lease lapsed> RETURNING` on PostgreSQL and SQLite; on
+//! MySQL an `ON DUPLICATE KEY UPDATE` whose fence increment decides ownership). On
+//! PostgreSQL and MySQL/MariaDB a first claim of a key runs a cheaper `INSERT` before it
+//! (`ON CONFLICT DO NOTHING`, or a plain `INSERT` that fails with a duplicate key), which
+//! changes nothing when a record stands: that record is read and answered, and the
+//! statement that takes it over runs only when it is claimable. Every holder write
+//! matches the lease's fence and `created_at`; completion is one `UPDATE`.
 //!
 //! ```no_run
 //! # #[cfg(feature = "sqlite")]
