@@ -222,47 +222,58 @@ where
         .unwrap();
 }
 
+/// idem's claim and completion of `key` on `store`, bound by hand: `$at` writes an
+/// instant as the dialect binds it; the claim runs with `$method` and `$lease` turns its
+/// answer (`$answer`, with the call's `$stamps`) into the lease's fence and
+/// `created_at`, which the completion
+/// matches. With `business`, the business insert runs between them on `conn`.
+macro_rules! idem_rows {
+    ($store:expr, $conn:expr, $key:expr, $business:expr, $db:ty, $at:expr, $method:ident, |$answer:ident, $stamps:ident| $lease:expr) => {{
+        let at = stamps();
+        let claim = idem::sqlx::query($store.claim_sql())
+            .bind(BIZ)
+            .bind($key)
+            .bind(NO_TEXT)
+            .bind(NO_TEXT)
+            .bind($at(at.lease_until))
+            .bind($at(at.now))
+            .bind($at(at.expires))
+            .bind(at.first_fence);
+        let $answer = on!($conn, $store, claim, $method).unwrap();
+        let $stamps = &at;
+        let (fence, created_at) = $lease;
+        if let Some(sql) = $business {
+            business_insert::<$db>($conn.as_deref_mut().expect("a transaction"), sql, $key).await;
+        }
+        let complete = idem::sqlx::query($store.complete_sql())
+            .bind(RESPONSE)
+            .bind($at(at.now))
+            .bind($at(at.now))
+            .bind($at(at.expires))
+            .bind(BIZ)
+            .bind($key)
+            .bind(fence)
+            .bind(created_at);
+        on!($conn, $store, complete, execute).unwrap();
+    }};
+}
+
 async fn sqlite_rows(
     store: &idem::SqliteStore,
     mut conn: Option<&mut idem::sqlx::SqliteConnection>,
     key: &str,
     business: Option<&str>,
 ) {
-    let at = stamps();
-    let row = on!(
-        conn,
+    idem_rows!(
         store,
-        idem::sqlx::query(store.claim_sql())
-            .bind(BIZ)
-            .bind(key)
-            .bind(NO_TEXT)
-            .bind(NO_TEXT)
-            .bind(sqlite_text(at.lease_until))
-            .bind(sqlite_text(at.now))
-            .bind(sqlite_text(at.expires))
-            .bind(at.first_fence),
-        fetch_one
-    )
-    .unwrap();
-    let (fence, created_at): (i64, String) = (row.get(0), row.get(1));
-    if let Some(sql) = business {
-        business_insert::<idem::sqlx::Sqlite>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
-    }
-    on!(
         conn,
-        store,
-        idem::sqlx::query(store.complete_sql())
-            .bind(RESPONSE)
-            .bind(sqlite_text(at.now))
-            .bind(sqlite_text(at.now))
-            .bind(sqlite_text(at.expires))
-            .bind(BIZ)
-            .bind(key)
-            .bind(fence)
-            .bind(created_at),
-        execute
-    )
-    .unwrap();
+        key,
+        business,
+        idem::sqlx::Sqlite,
+        sqlite_text,
+        fetch_one,
+        |row, _stamps| { (row.get::<i64, _>(0), row.get::<String, _>(1)) }
+    );
 }
 
 async fn postgres_rows(
@@ -271,41 +282,16 @@ async fn postgres_rows(
     key: &str,
     business: Option<&str>,
 ) {
-    let at = stamps();
-    let row = on!(
-        conn,
+    idem_rows!(
         store,
-        idem::sqlx::query(store.claim_sql())
-            .bind(BIZ)
-            .bind(key)
-            .bind(NO_TEXT)
-            .bind(NO_TEXT)
-            .bind(utc(at.lease_until))
-            .bind(utc(at.now))
-            .bind(utc(at.expires))
-            .bind(at.first_fence),
-        fetch_one
-    )
-    .unwrap();
-    let (fence, created_at): (i64, DateTime<Utc>) = (row.get(0), row.get(1));
-    if let Some(sql) = business {
-        business_insert::<idem::sqlx::Postgres>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
-    }
-    on!(
         conn,
-        store,
-        idem::sqlx::query(store.complete_sql())
-            .bind(RESPONSE)
-            .bind(utc(at.now))
-            .bind(utc(at.now))
-            .bind(utc(at.expires))
-            .bind(BIZ)
-            .bind(key)
-            .bind(fence)
-            .bind(created_at),
-        execute
-    )
-    .unwrap();
+        key,
+        business,
+        idem::sqlx::Postgres,
+        utc,
+        fetch_one,
+        |row, _stamps| { (row.get::<i64, _>(0), row.get::<DateTime<Utc>, _>(1)) }
+    );
 }
 
 async fn mysql_rows(
@@ -314,42 +300,21 @@ async fn mysql_rows(
     key: &str,
     business: Option<&str>,
 ) {
-    let at = stamps();
     let naive = |at: SystemTime| utc(at).naive_utc();
-    let done = on!(
-        conn,
+    // A plain INSERT: the lease is the claim's first fence and its instant.
+    idem_rows!(
         store,
-        idem::sqlx::query(store.claim_sql())
-            .bind(BIZ)
-            .bind(key)
-            .bind(NO_TEXT)
-            .bind(NO_TEXT)
-            .bind(naive(at.lease_until))
-            .bind(naive(at.now))
-            .bind(naive(at.expires))
-            .bind(at.first_fence),
-        execute
-    )
-    .unwrap();
-    assert_eq!((done.rows_affected(), done.last_insert_id()), (1, 0), "a fresh insert");
-    if let Some(sql) = business {
-        business_insert::<idem::sqlx::MySql>(conn.as_deref_mut().expect("a transaction"), sql, key).await;
-    }
-    on!(
         conn,
-        store,
-        idem::sqlx::query(store.complete_sql())
-            .bind(RESPONSE)
-            .bind(naive(at.now))
-            .bind(naive(at.now))
-            .bind(naive(at.expires))
-            .bind(BIZ)
-            .bind(key)
-            .bind(at.first_fence)
-            .bind(naive(at.now)),
-        execute
-    )
-    .unwrap();
+        key,
+        business,
+        idem::sqlx::MySql,
+        naive,
+        execute,
+        |done, stamps| {
+            assert_eq!(done.rows_affected(), 1, "a fresh insert");
+            (stamps.first_fence, naive(stamps.now))
+        }
+    );
 }
 
 /// `store` on a table of its own, made anew for the run (as the seed design's floor

@@ -11,38 +11,29 @@ use super::{utc, Floor, BIZ, RESPONSE};
 
 /// The table, made anew for the run.
 pub async fn create(floor: &Floor) {
-    let (drop, ddl): (&str, &[&str]) = match floor {
-        Floor::Sqlite(_) => (
-            "DROP TABLE IF EXISTS idem_seed_floor",
-            &[
-                "CREATE TABLE idem_seed_floor (id INTEGER PRIMARY KEY AUTOINCREMENT, biz_type VARCHAR(50) NOT NULL, \
+    let ddl: &[&str] = match floor {
+        Floor::Sqlite(_) => &[
+            "CREATE TABLE idem_seed_floor (id INTEGER PRIMARY KEY AUTOINCREMENT, biz_type VARCHAR(50) NOT NULL, \
                  idempotent_key VARCHAR(128) NOT NULL, status VARCHAR(20) NOT NULL, request_body TEXT, \
                  response_body TEXT, created_at TEXT, completed_at TEXT, expired_at TEXT, \
                  UNIQUE (biz_type, idempotent_key))",
-                "CREATE INDEX idem_seed_floor_expired_at ON idem_seed_floor (expired_at)",
-            ],
-        ),
-        Floor::Postgres(_) => (
-            "DROP TABLE IF EXISTS idem_seed_floor",
-            &[
-                "CREATE TABLE idem_seed_floor (id BIGSERIAL PRIMARY KEY, biz_type VARCHAR(50) NOT NULL, \
+            "CREATE INDEX idem_seed_floor_expired_at ON idem_seed_floor (expired_at)",
+        ],
+        Floor::Postgres(_) => &[
+            "CREATE TABLE idem_seed_floor (id BIGSERIAL PRIMARY KEY, biz_type VARCHAR(50) NOT NULL, \
                  idempotent_key VARCHAR(128) NOT NULL, status VARCHAR(20) NOT NULL, request_body TEXT, \
                  response_body TEXT, created_at TIMESTAMPTZ, completed_at TIMESTAMPTZ, expired_at TIMESTAMPTZ, \
                  UNIQUE (biz_type, idempotent_key))",
-                "CREATE INDEX idem_seed_floor_expired_at ON idem_seed_floor (expired_at)",
-            ],
-        ),
-        Floor::MySql(_) => (
-            "DROP TABLE IF EXISTS idem_seed_floor",
-            &[
-                "CREATE TABLE idem_seed_floor (id BIGINT PRIMARY KEY AUTO_INCREMENT, biz_type VARCHAR(50) NOT NULL, \
+            "CREATE INDEX idem_seed_floor_expired_at ON idem_seed_floor (expired_at)",
+        ],
+        Floor::MySql(_) => &[
+            "CREATE TABLE idem_seed_floor (id BIGINT PRIMARY KEY AUTO_INCREMENT, biz_type VARCHAR(50) NOT NULL, \
                idempotent_key VARCHAR(128) NOT NULL, status VARCHAR(20) NOT NULL, request_body TEXT, \
                response_body TEXT, created_at DATETIME(6), completed_at DATETIME(6), expired_at DATETIME(6), \
                UNIQUE KEY uk_biz_key (biz_type, idempotent_key), KEY idx_expired_at (expired_at)) ENGINE = InnoDB",
-            ],
-        ),
+        ],
     };
-    for statement in std::iter::once(&drop).chain(ddl) {
+    for statement in std::iter::once(&"DROP TABLE IF EXISTS idem_seed_floor").chain(ddl) {
         run(floor, statement).await;
     }
 }

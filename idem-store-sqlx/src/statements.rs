@@ -197,17 +197,11 @@ pub(crate) fn numbered(text: &str) -> String {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "postgres")]
     #[test]
     fn numbers_placeholders_for_postgres() {
-        let flavor = Flavor {
-            numbered: true,
-            greatest: "GREATEST",
-            columns: COLUMNS,
-            biz_text: "biz_type",
-            locking_read: "",
-            purge_repeats_now: false,
-        };
-        let statements = Statements::new("t", "t", &flavor);
+        use crate::dialect::Dialect;
+        let statements = Statements::new("t", "t", &crate::PostgresStore::FLAVOR);
         assert!(statements
             .renew
             .starts_with("UPDATE t SET lease_until = $1, expires_at = GREATEST(expires_at, $2)"));
