@@ -74,21 +74,17 @@ pub(crate) async fn claim_or_read<S: ClaimSite>(
     site: &mut S,
     rolled_back: RolledBack,
 ) -> Result<ClaimOutcome, StoreError> {
-    if site.inserts_first() {
-        let stood = match site.insert(claim).await {
-            Ok(Some(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
-            Ok(None) => site.read(claim).await?,
-            Err(error) if rolled_back == RolledBack::LostRace && crate::rollback::lost_race(&error) => {
-                site.read(claim).await?
-            }
-            Err(error) => return Err(error),
+    // The insert, where the site has one, is a round of its own before the claim
+    // statement's.
+    let inserts_first = site.inserts_first();
+    for round in 0..CLAIM_ATTEMPTS + usize::from(inserts_first) {
+        let attempt = if inserts_first && round == 0 {
+            let inserted = site.insert(claim).await;
+            inserted.map(|lease| lease.map_or(Upserted::Refused(None), Upserted::Granted))
+        } else {
+            site.upsert(claim).await
         };
-        if let Some(existing) = standing(claim, stood) {
-            return Ok(existing);
-        }
-    }
-    for _ in 0..CLAIM_ATTEMPTS {
-        let stood = match site.upsert(claim).await {
+        let stood = match attempt {
             Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
             Ok(Upserted::Refused(Some(record))) => Some(record),
             Ok(Upserted::Refused(None)) => site.read(claim).await?,
