@@ -84,8 +84,14 @@ impl Settings {
         } else if crate::grpc::is_server_failure(status) {
             self.record_server_errors
         } else {
-            started || self.client_errors == ClientErrors::Always
+            self.records_client_error(started)
         }
+    }
+
+    /// Whether the call's own refusal (a 4xx, a gRPC status answering the request) is
+    /// recorded: once the handler [`started`](crate::started), or when every one is.
+    fn records_client_error(&self, started: bool) -> bool {
+        started || self.client_errors == ClientErrors::Always
     }
 
     /// Whether a response with `status` is recorded; `started` when the handler said so.
@@ -93,7 +99,7 @@ impl Settings {
         if status.is_server_error() {
             self.record_server_errors
         } else if status.is_client_error() {
-            started || self.client_errors == ClientErrors::Always
+            self.records_client_error(started)
         } else {
             true
         }
