@@ -29,7 +29,7 @@ fn app(
     Router::new()
         .route("/orders/{id}", post(counted.clone()))
         .route("/orders/{id}/state", put(counted))
-        // Shared by every caller: these tests are about routes (callers: tests/http.rs).
+        // Shared by every caller: these tests are about routes (callers: tests/http.rs beside this file).
         .layer(configure(
             IdempotencyLayer::new(Idempotent::new("orders").store(store)).shared(),
         ))

@@ -3,10 +3,10 @@
 //! the first answer (message or status) replayed, the layer's refusals as statuses.
 
 #[allow(dead_code)]
-#[path = "../examples/grpc_payment.rs"]
+#[path = "../../examples/grpc_payment.rs"]
 mod example;
 #[allow(dead_code)]
-#[path = "conformance/faulty.rs"]
+#[path = "../../tests/conformance/faulty.rs"]
 mod faulty;
 
 use std::sync::Arc;
