@@ -6,20 +6,12 @@ use std::future::Future;
 use idem_runtime::{Claim, ClaimOutcome, Lease, Record, StoreError};
 use sqlx::Database;
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, Upserted};
 
 /// How often a claim retries when the record changes between its upsert and its read
 /// (released, purged or expired in between), or when the server rolls its upsert back
 /// and nothing stands once it reads, before giving up with an error.
 pub(crate) const CLAIM_ATTEMPTS: usize = 5;
-
-/// What a dialect's claim statement came to.
-pub(crate) enum Upserted {
-    /// The key is ours.
-    Granted(Lease),
-    /// Refused; the record that stood in the way when the statement could return it.
-    Refused(Option<Record>),
-}
 
 /// What a claim statement the server rolled back (`rollback.rs`) means where it ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

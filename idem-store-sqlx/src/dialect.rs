@@ -5,11 +5,10 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::{Claim, Lease, StoreError};
+use idem_runtime::{Claim, Lease, Record, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
-use crate::claim::Upserted;
 use crate::error::driver_error;
 use crate::row::Stamp;
 use crate::shape::{Column, Need, UniqueKey};
@@ -57,6 +56,14 @@ impl<DB: Database> std::fmt::Debug for Parts<DB> {
             .field("table", &self.sql.table)
             .finish_non_exhaustive()
     }
+}
+
+/// What a dialect's claim statement came to.
+pub(crate) enum Upserted {
+    /// The key is ours.
+    Granted(Lease),
+    /// Refused; the record that stood in the way when the statement could return it.
+    Refused(Option<Record>),
 }
 
 /// A SQL store: the [`Parts`] it holds, on its database. (`store_impl.rs` writes it.)

@@ -24,9 +24,8 @@ use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
-use crate::claim::Upserted;
 use crate::connection::connect;
-use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
 use crate::row::utc;

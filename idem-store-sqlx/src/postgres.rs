@@ -7,9 +7,8 @@ use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 
-use crate::claim::Upserted;
 use crate::connection::connect;
-use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::{granted_lease, record_from_row};

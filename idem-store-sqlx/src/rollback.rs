@@ -4,7 +4,7 @@
 //! got to this row first", never a failure of the store:
 //!
 //! - a claim that was rolled back **lost the race**: it reads the record that won
-//!   ([`claim_or_read`](crate::claim::claim_or_read)), and answers with it — replay,
+//!   (the claim loop, `claim.rs`), and answers with it — replay,
 //!   `InProgress` or a wait — or claims again if nothing stands;
 //! - a holder write (renew, complete, fail, record steps, release) on the store's
 //!   pool is run again: it matches its lease's fence and life, so a second run after a

@@ -6,8 +6,7 @@ use std::time::Duration;
 use idem_runtime::{Claim, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
-use crate::claim::Upserted;
-use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts};
+use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::granted_lease;

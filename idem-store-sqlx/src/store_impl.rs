@@ -153,7 +153,7 @@ macro_rules! impl_idempotency_store {
             async fn upsert(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
-            ) -> Result<crate::claim::Upserted, idem_runtime::StoreError> {
+            ) -> Result<crate::dialect::Upserted, idem_runtime::StoreError> {
                 <$store as crate::dialect::Dialect>::upsert(self.conn, self.upsert, self.get, claim).await
             }
 
