@@ -596,9 +596,17 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
             }
         }
     };
-    // Five finished records that expired an hour ago.
+    // Five finished records that expired an hour ago. Each is claimed with a lease that
+    // still runs until its completion, so another test's purge of the shared table
+    // cannot take the claim before it is completed.
     for i in 0..5 {
-        let lease = claim_at(&format!("old-{i}"), now - 3 * hour, Duration::from_secs(30), hour).await;
+        let lease = claim_at(
+            &format!("old-{i}"),
+            now - 3 * hour,
+            3 * hour + Duration::from_secs(60),
+            hour,
+        )
+        .await;
         assert_eq!(
             store.complete(&lease, "1", now - 2 * hour, hour).await.unwrap(),
             idem::store::FenceCheck::Held
