@@ -106,6 +106,59 @@ async fn a_key_claimed_on_every_node_at_once_is_granted_once() {
     ));
 }
 
+/// Purges of the same expired records on every node at once collide at certification:
+/// a purge the cluster rolls back deleted nothing and is run again, so none fails and
+/// every expired record goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn purges_on_every_node_at_once_never_fail() {
+    let _cluster = CLUSTER.lock().await;
+    let Some(nodes) = nodes().await else { return };
+    let biz = conformance::unique("galera-purge");
+    let now = idem::store::now();
+    let hour = Duration::from_secs(3600);
+    let records = 300;
+    for k in 0..records {
+        let key = format!("k{k}");
+        // Claimed under a lease that runs until it is completed: only this test's
+        // purges take these records, and only once they expired.
+        let claim = Claim::new(&biz, &key, now - 3 * hour, 3 * hour + Duration::from_secs(60), hour);
+        let ClaimOutcome::Acquired(lease) = nodes[0].claim(&claim).await.unwrap() else {
+            panic!("first claim of {key}")
+        };
+        let done = nodes[0].complete(&lease, "1", now - 2 * hour, hour).await.unwrap();
+        assert_eq!(done, FenceCheck::Held);
+    }
+    let before = conflicts(&nodes).await;
+    let mut purgers = Vec::new();
+    for node in nodes.iter().chain(&nodes) {
+        let node = node.clone();
+        purgers.push(tokio::spawn(async move {
+            let mut deleted = 0;
+            loop {
+                match node.purge_expired(idem::store::now(), 20).await {
+                    Ok(0) => return Ok(deleted),
+                    Ok(n) => deleted += n,
+                    Err(error) => return Err(error),
+                }
+            }
+        }));
+    }
+    for purger in purgers {
+        let purged = purger.await.unwrap();
+        assert!(purged.is_ok(), "a purge failed: {purged:?}");
+    }
+    for k in 0..records {
+        assert!(
+            nodes[1].get(&biz, &format!("k{k}")).await.unwrap().is_none(),
+            "k{k} purged"
+        );
+    }
+    harness::say(&format!(
+        "galera: {records} expired records purged by 6 purgers on 3 nodes at once: {} certification conflicts, 0 errors",
+        conflicts(&nodes).await - before
+    ));
+}
+
 /// Holder writes of one lease sent through every node at once collide at
 /// certification: each is run again and finds its lease, so every renewal holds and
 /// the completion lands once — none fails.

@@ -152,7 +152,8 @@ pub(crate) trait Dialect: Stored {
     /// The table's columns and unique keys, from the catalog.
     fn read_shape(&self) -> impl Future<Output = Result<(Vec<Column>, Vec<UniqueKey>), StoreError>> + Send;
 
-    /// Delete up to `limit` records that expired by `now` (never a live claim).
+    /// Delete up to `limit` records that expired by `now` (never a live claim); run again
+    /// while the server rolls it back.
     fn purge(&self, now: SystemTime, limit: u64) -> impl Future<Output = Result<u64, StoreError>> + Send
     where
         for<'c> &'c Pool<Self::Db>: Executor<'c, Database = Self::Db>,
@@ -160,19 +161,26 @@ pub(crate) trait Dialect: Stored {
         for<'q> Self::Stamp: Encode<'q, Self::Db> + Type<Self::Db>,
         for<'q> i64: Encode<'q, Self::Db> + Type<Self::Db>,
     {
-        async move {
-            let now = Self::Stamp::of(now);
-            let mut purge = sqlx::query(&self.parts().purge_sql).bind(now.clone());
-            if Self::FLAVOR.purge_repeats_now {
-                purge = purge.bind(now);
+        let now = Self::Stamp::of(now);
+        let purge = move || {
+            let now = now.clone();
+            async move {
+                let mut purge = sqlx::query(&self.parts().purge_sql).bind(now.clone());
+                if Self::FLAVOR.purge_repeats_now {
+                    purge = purge.bind(now);
+                }
+                let done = purge
+                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                    .execute(&self.parts().pool)
+                    .await
+                    .map_err(|e| driver_error("purge", e))?;
+                Ok(Self::rows_changed(&done))
             }
-            let done = purge
-                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                .execute(&self.parts().pool)
-                .await
-                .map_err(|e| driver_error("purge", e))?;
-            Ok(Self::rows_changed(&done))
-        }
+        };
+        // A purge the server rolled back (a deadlock, a Galera certification conflict
+        // with another node's write) deleted nothing: it is run again, as a holder
+        // write is.
+        crate::rollback::retrying(purge)
     }
 
     /// Learn what the statements depend on of the server (once, with the table's

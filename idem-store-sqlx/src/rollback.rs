@@ -6,6 +6,7 @@
 //! - a claim that was rolled back **lost the race**: it reads the record that won
 //!   (the claim loop, `claim.rs`), and answers with it — replay,
 //!   `InProgress` or a wait — or claims again if nothing stands;
+//! - a purge is run again: it deleted nothing, and what it deletes is expired either way;
 //! - a holder write (renew, complete, fail, record steps, release) on the store's
 //!   pool is run again: it matches its lease's fence and life, so a second run after a
 //!   rollback is the first run — it finds the record as the winner left it, and a
