@@ -219,6 +219,13 @@ impl Server {
         request
     }
 
+    /// acme's payment of 100 cents with `key`, sent in a task of its own: the first
+    /// request, still running while the test sends its duplicates.
+    fn first_payment(self: &Arc<Self>, key: &str) -> tokio::task::JoinHandle<Answer> {
+        let (server, key) = (self.clone(), key.to_owned());
+        tokio::spawn(async move { Answer::of(server.pay("acme", Some(&key), &payment(100))).await })
+    }
+
     async fn bank_charges(&self) -> u64 {
         let body: Value = self
             .client
@@ -359,10 +366,7 @@ macro_rules! http_suite {
                 let Some((server, _)) = server(op, Duration::from_millis(600)).await else { return };
                 let server = Arc::new(server);
                 let key = conformance::unique("k");
-                let first = tokio::spawn({
-                    let (server, key) = (server.clone(), key.clone());
-                    async move { Answer::of(server.pay("acme", Some(&key), &payment(100))).await }
-                });
+                let first = server.first_payment(&key);
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let duplicate = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
                 let first = first.await.unwrap();
@@ -596,10 +600,7 @@ macro_rules! http_suite {
             let Some((server, _)) = server(op(), Duration::from_millis(400)).await else { return };
             let server = Arc::new(server);
             let key = conformance::unique("k");
-            let first = tokio::spawn({
-                let (server, key) = (server.clone(), key.clone());
-                async move { Answer::of(server.pay("acme", Some(&key), &payment(100))).await }
-            });
+            let first = server.first_payment(&key);
             tokio::time::sleep(Duration::from_millis(150)).await;
             let running = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
             assert_eq!(first.await.unwrap().status, 201);

@@ -72,7 +72,7 @@ const SPENT: &str = "\"spent\"";
 fn random_hex() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::digest::hex(&bytes))
 }
 
 fn namespace(biz: &str) -> Result<String, Error> {

@@ -32,12 +32,7 @@ macro_rules! impl_idempotency_store {
                 use crate::dialect::Dialect;
                 let claimed = async {
                     self.ensure_table().await?;
-                    let mut conn = self
-                        .parts
-                        .pool
-                        .acquire()
-                        .await
-                        .map_err(|e| crate::error::driver_error("claim", e))?;
+                    let mut conn = self.connection("claim").await?;
                     let mut site = crate::claim::OnConnection::<Self> {
                         conn: &mut *conn,
                         upsert: &self.parts.upsert_sql,
@@ -91,12 +86,7 @@ macro_rules! impl_idempotency_store {
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let released = crate::rollback::retrying(|| async {
-                    let mut conn = self
-                        .parts
-                        .pool
-                        .acquire()
-                        .await
-                        .map_err(|e| crate::error::driver_error("release", e))?;
+                    let mut conn = self.connection("release").await?;
                     Self::release_in(&mut conn, &self.parts.sql, lease).await
                 });
                 crate::connection::explained(&self.parts.pool, released.await).await
@@ -166,6 +156,18 @@ macro_rules! impl_idempotency_store {
         }
 
         impl $store {
+            /// A connection of the store's pool, for `operation`'s statements.
+            async fn connection(
+                &self,
+                operation: &'static str,
+            ) -> Result<sqlx::pool::PoolConnection<$db>, idem_runtime::StoreError> {
+                self.parts
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(|e| crate::error::driver_error(operation, e))
+            }
+
             /// `at` as the dialect binds an instant.
             fn stamp(at: std::time::SystemTime) -> <Self as crate::dialect::Dialect>::Stamp {
                 crate::row::Stamp::of(at)
