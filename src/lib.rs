@@ -327,9 +327,9 @@ pub use idem_runtime::repair;
 pub use idem_runtime::token;
 pub use idem_runtime::unordered;
 pub use idem_runtime::{
-    context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, MemoryStore,
-    Mode, OnError, Record, Status, TieredStore, Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION,
-    MAX_KEY_BYTES, MAX_REQUEST_BODY,
+    context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, LeaseClock,
+    MemoryStore, Mode, OnError, Record, Status, TieredStore, Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS,
+    MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]
@@ -395,7 +395,8 @@ pub use idem_http as http;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sql {
     pub use idem_store_sqlx::{
-        connect_table, execute_in, open, open_table, BodyFuture, TransactionDatabase, DEFAULT_TABLE,
+        connect_table, execute_in, open, open_table, open_table_judged_by, BodyFuture, TransactionDatabase,
+        DEFAULT_TABLE,
     };
 }
 

@@ -157,9 +157,14 @@ impl Model {
         let takeover = existing.filter(|_| !expired);
         let record = Expected {
             status: Status::Processing,
-            // A new record's fence is its claim's instant in microseconds: above every
-            // fence of the key's earlier lives.
-            fence: existing.map_or_else(|| micros(now), |r| r.fence + 1),
+            // A new record's (or a new life's) fence is its claim's instant in
+            // microseconds, or one above the last life's when that is higher; a
+            // takeover adds one.
+            fence: match existing {
+                None => micros(now),
+                Some(r) if expired => (r.fence + 1).max(micros(now)),
+                Some(r) => r.fence + 1,
+            },
             fingerprint: fingerprint
                 .map(str::to_owned)
                 .or_else(|| takeover.and_then(|r| r.fingerprint.clone())),
@@ -518,7 +523,10 @@ fn check_sql(backend: &str) {
     check(backend, || {
         let url = url.clone();
         async move {
-            let store = idem::sql::open_table(&url, "idem_model").await.unwrap();
+            // The model moves time by the instants it passes: the store judges by them.
+            let store = idem::sql::open_table_judged_by(&url, "idem_model", idem::LeaseClock::Caller)
+                .await
+                .unwrap();
             harness::Effects::open(&url)
                 .await
                 .execute("DELETE FROM idem_model", &[])

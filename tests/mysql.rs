@@ -10,11 +10,21 @@ use std::time::Duration;
 use conformance::calls::Store;
 use idem::store::{Claim, ClaimOutcome};
 use idem::IdempotencyStore;
-use idem::MySqlStore;
+use idem::{LeaseClock, MySqlStore};
 
 /// A migrated store on the server at the URL in `var` (its first URL when the variable
 /// lists several, comma-separated).
+/// The suites move time by the instants they pass: the store judges by them.
 async fn open_at(var: &str, backend: &str) -> Option<MySqlStore> {
+    Some(
+        open_on_store_clock(var, backend)
+            .await?
+            .with_lease_clock(LeaseClock::Caller),
+    )
+}
+
+/// The store as production runs it: leases judged by the server's clock.
+async fn open_on_store_clock(var: &str, backend: &str) -> Option<MySqlStore> {
     let urls = conformance::server_url(var, backend)?;
     let url = urls.split(',').next().unwrap();
     let store = MySqlStore::connect(url).await.expect("connect to MariaDB");
@@ -70,6 +80,11 @@ async fn open() -> Option<MySqlStore> {
 }
 
 mysql_backend!();
+
+store_clock_suite!(async {
+    let store = open_on_store_clock("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB").await?;
+    Some(Arc::new(store) as Store)
+});
 
 /// The same suites through one node of a three-node Galera cluster
 /// (`IDEM_TEST_GALERA_URLS`; `.ci/start-galera` starts one). The cross-node tests are

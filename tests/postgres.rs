@@ -7,9 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::calls::Store;
-use idem::PostgresStore;
+use idem::{LeaseClock, PostgresStore};
 
 async fn open() -> Option<PostgresStore> {
+    Some(open_on_store_clock().await?.with_lease_clock(LeaseClock::Caller))
+}
+
+/// The store as production runs it: leases judged by the server's clock.
+async fn open_on_store_clock() -> Option<PostgresStore> {
     let url = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
     let store = PostgresStore::connect(&url).await.expect("connect to PostgreSQL");
     store.migrate().await.expect("migrate");
@@ -19,6 +24,8 @@ async fn open() -> Option<PostgresStore> {
 async fn open_dyn() -> Option<Store> {
     Some(Arc::new(open().await?))
 }
+
+store_clock_suite!(async { Some(Arc::new(open_on_store_clock().await?) as Store) });
 
 /// Edit a record by hand: `UPDATE idempotent_record SET {set}` on `key`.
 async fn edit(set: &'static str, key: String) {

@@ -11,12 +11,20 @@ use std::time::Duration;
 
 use conformance::calls::Store;
 use idem::store::{Claim, ClaimOutcome, FenceCheck};
-use idem::{redis, Error, IdempotencyStore, Idempotent, RedisStore};
+use idem::{redis, Error, IdempotencyStore, Idempotent, LeaseClock, RedisStore};
 
+/// The suites move time by the instants they pass: the store judges by them.
 async fn open() -> Option<RedisStore> {
+    Some(open_on_store_clock().await?.with_lease_clock(LeaseClock::Caller))
+}
+
+/// The store as production runs it: leases judged by the server's clock (`TIME`).
+async fn open_on_store_clock() -> Option<RedisStore> {
     let url = conformance::server_url("IDEM_TEST_REDIS_URL", "Redis")?;
     Some(RedisStore::connect(&url).await.expect("connect to Redis"))
 }
+
+store_clock_suite!(async { Some(Arc::new(open_on_store_clock().await?) as Store) });
 
 /// A plain connection to the test server, to write or read a record by hand.
 async fn connection() -> redis::aio::MultiplexedConnection {
@@ -107,22 +115,14 @@ async fn scripts_sent_twice_apply_once() {
     let Some(store) = open().await else { return };
     let mut conn = connection().await;
     let key = store.record_key("redis.twice", &conformance::unique("k"));
-    let now = idem::store::now();
-    let micros = |at: std::time::SystemTime| {
-        at.duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros()
-            .to_string()
-    };
+    let micros = |length: Duration| length.as_micros().to_string();
     // The claim script's arguments, as `RedisStore::claim_script` documents them.
     let claim = |claimant: &'static str| {
         let mut claim = RedisStore::claim_script().prepare_invoke();
         claim
             .key(&key)
-            .arg(micros(now))
-            .arg(micros(now + Duration::from_secs(30)))
-            .arg(micros(now + Duration::from_secs(60)))
-            .arg(micros(now))
+            .arg(micros(Duration::from_secs(30)))
+            .arg(micros(Duration::from_secs(60)))
             .arg("")
             .arg("")
             .arg(claimant)
@@ -140,8 +140,7 @@ async fn scripts_sent_twice_apply_once() {
         .arg(&first[1])
         .arg(&first[2])
         .arg("42")
-        .arg(micros(now))
-        .arg(micros(now + Duration::from_secs(60)))
+        .arg(micros(Duration::from_secs(60)))
         .arg("1000000")
         .arg("writer-1");
     let applied: i64 = complete.invoke_async(&mut conn).await.unwrap();
@@ -155,8 +154,7 @@ async fn scripts_sent_twice_apply_once() {
         .arg(&first[1])
         .arg(&first[2])
         .arg("42")
-        .arg(micros(now))
-        .arg(micros(now + Duration::from_secs(60)))
+        .arg(micros(Duration::from_secs(60)))
         .arg("1000000")
         .arg("writer-2");
     let refused: i64 = other_writer.invoke_async(&mut conn).await.unwrap();

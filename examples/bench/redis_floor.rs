@@ -4,7 +4,7 @@
 //! measures them).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use idem::redis::aio::ConnectionManager;
 use idem::{CachedStore, Idempotent, RedisStore};
@@ -16,10 +16,6 @@ use super::{bare, run_id};
 pub struct RedisFloor {
     conn: ConnectionManager,
     store: RedisStore,
-}
-
-fn micros(at: SystemTime) -> String {
-    at.duration_since(UNIX_EPOCH).unwrap().as_micros().to_string()
 }
 
 impl RedisFloor {
@@ -35,14 +31,11 @@ impl RedisFloor {
     pub async fn claim_and_record(&self, key: &str) {
         let mut conn = self.conn.clone();
         let record = self.store.record_key("floor", key);
-        let now = idem::store::now();
         let mut claim = RedisStore::claim_script().prepare_invoke();
         claim
             .key(&record)
-            .arg(micros(now))
-            .arg(micros(now + Duration::from_secs(30)))
-            .arg(micros(now + Duration::from_secs(86_400)))
-            .arg(micros(now))
+            .arg(Duration::from_secs(30).as_micros().to_string())
+            .arg(Duration::from_secs(86_400).as_micros().to_string())
             .arg("")
             .arg("")
             .arg(key)
@@ -55,8 +48,7 @@ impl RedisFloor {
             .arg(&granted[1])
             .arg(&granted[2])
             .arg(r#"{"charge_id":1,"cents":19900}"#)
-            .arg(micros(now))
-            .arg(micros(now + Duration::from_secs(86_400)))
+            .arg(Duration::from_secs(86_400).as_micros().to_string())
             .arg("86400000000")
             .arg(key);
         let applied: i64 = complete.invoke_async(&mut conn).await.unwrap();

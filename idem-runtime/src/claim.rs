@@ -20,7 +20,10 @@ pub struct Claim<'a> {
     pub fingerprint: Option<&'a str>,
     /// Optional copy of the request, stored for reconciliation.
     pub request_body: Option<&'a str>,
-    /// The instant of the claim; stores compare leases and expiry against it.
+    /// The instant of the claim, by the caller's clock. Stores on one host
+    /// ([`MemoryStore`](crate::MemoryStore), SQLite) compare leases and expiry against
+    /// it; stores with a clock of their own (a database server) use theirs and take
+    /// only the lengths below from the claim.
     pub now: SystemTime,
     /// How long the granted lease lasts before a retry may take it over.
     pub lease: Duration,
@@ -104,14 +107,18 @@ impl<'a> Claim<'a> {
 
     /// The record a granted claim leaves behind. A fresh record starts at
     /// [`first_fence`](Self::first_fence); a re-claim after expiry begins a new life
-    /// (new `created_at`); a takeover keeps the life and its `created_at`. Both
-    /// increment the fence.
+    /// (new `created_at`) at its first fence too, or one above the old life's fence when
+    /// that is higher; a takeover keeps the life and its `created_at`, and increments
+    /// the fence.
     pub fn granted(&self, existing: Option<&Record>) -> Record {
         let (fence, created_at, fingerprint, steps) = match existing {
             None => (self.first_fence(), self.now, self.fingerprint.map(str::to_owned), None),
-            Some(old) if old.is_expired(self.now) => {
-                (old.fence + 1, self.now, self.fingerprint.map(str::to_owned), None)
-            }
+            Some(old) if old.is_expired(self.now) => (
+                (old.fence + 1).max(self.first_fence()),
+                self.now,
+                self.fingerprint.map(str::to_owned),
+                None,
+            ),
             Some(old) => (
                 old.fence + 1,
                 old.created_at,
@@ -179,6 +186,17 @@ impl Lease {
             fence: record.fence,
             created_at: record.created_at,
         }
+    }
+
+    /// Whether the claim that granted this lease took a record over (from a holder
+    /// whose lease lapsed) rather than starting a life: a life's first fence is its
+    /// `created_at` in microseconds, and a takeover adds one to the fence.
+    pub fn took_over(&self) -> bool {
+        let first = self
+            .created_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX));
+        self.fence != first.max(1)
     }
 
     /// Whether `record` is still held under this lease (same life, same fence, still

@@ -57,3 +57,22 @@ fn moved_by_tokio(system: SystemTime) -> SystemTime {
     }
     system
 }
+
+/// Whose clock a store with a clock of its own (a database server) judges leases,
+/// expiry and grants by.
+///
+/// [`Store`](Self::Store), the default, is what production needs: application hosts'
+/// clocks disagree (a VM resumed from suspend, a broken NTP), and a host whose clock
+/// runs minutes ahead would otherwise see every other host's lease as lapsed and take
+/// over running bodies. [`Caller`](Self::Caller) judges by the instants the caller
+/// passes ([`now`], which follows tokio's paused clock): for tests that move time
+/// against a real database, never for more than one host. `MemoryStore` and SQLite
+/// live on one host and always use the caller's instants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LeaseClock {
+    /// The store's own clock; only lengths (lease, TTL) come from the caller.
+    #[default]
+    Store,
+    /// The caller's instants, as given.
+    Caller,
+}

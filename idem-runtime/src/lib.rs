@@ -61,7 +61,7 @@ pub use bounds::MAX_DURATION;
 pub use cache::CachedStore;
 pub use call::transaction::{Admission, TransactionClaim, TransactionStore};
 pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
-pub use clock::now;
+pub use clock::{now, LeaseClock};
 pub use context::{context, Context};
 pub use default_store::{install, installed, IntoSharedStore};
 pub use error::{redacted_url, Error, StoreError};

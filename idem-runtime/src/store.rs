@@ -13,8 +13,12 @@ use crate::record::Record;
 /// Where idempotency records live.
 ///
 /// Dyn-compatible (`Arc<dyn IdempotencyStore>` works) and independent of any backend.
-/// Every instant is passed in by the caller rather than read from the store's clock,
-/// so all stores share one notion of time and tests can move it.
+/// Every call carries the caller's instant (`now`) and the lengths that count from it
+/// (lease, TTL). A store on one host (`MemoryStore`, SQLite) judges by that instant, so
+/// tests can move it; a store with a clock of its own (a database server) should judge
+/// every lease, expiry and grant by its own clock and take only the lengths from the
+/// caller: application hosts' clocks disagree (a VM resumed from suspend, a broken NTP),
+/// and a host whose clock runs ahead would otherwise take over running bodies.
 ///
 /// Implementations must make [`claim`](Self::claim) atomic (one statement, no
 /// read-then-write window) and apply [`Claim::admits`] and [`Claim::granted`] exactly;

@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::redacted_url as redacted;
-use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, StoreError};
+use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, LeaseClock, Record, StoreError};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::Script;
@@ -45,13 +45,17 @@ pub struct RedisStore {
     conn: Connection,
     prefix: Arc<str>,
     keep_expired: Duration,
+    lease_clock: LeaseClock,
 }
 
 /// A holder write, as `write.lua` names it.
 enum Write<'a> {
-    Renew(SystemTime),
-    Complete(&'a str, SystemTime, SystemTime),
-    Fail(&'a str, SystemTime, SystemTime),
+    /// The lease's new length.
+    Renew(Duration),
+    /// The response, and how long the record answers from now.
+    Complete(&'a str, Duration),
+    /// The message, and how long the record answers from now.
+    Fail(&'a str, Duration),
     Release,
     Steps(&'a str),
 }
@@ -131,6 +135,7 @@ impl RedisStore {
             conn,
             prefix: DEFAULT_PREFIX.into(),
             keep_expired: DEFAULT_KEEP_EXPIRED,
+            lease_clock: LeaseClock::Store,
         };
         store.check_eviction_policy().await?;
         Ok(store)
@@ -177,6 +182,25 @@ impl RedisStore {
         self
     }
 
+    /// Judge leases, expiry and grants by `clock`. The default,
+    /// [`LeaseClock::Store`], reads the server's clock (`TIME`) in every script, so
+    /// application hosts whose clocks disagree agree on every lease;
+    /// [`LeaseClock::Caller`] takes the caller's instants (which follow tokio's paused
+    /// clock) — for tests that move time against a real server, never for more than
+    /// one host.
+    pub fn with_lease_clock(mut self, clock: LeaseClock) -> Self {
+        self.lease_clock = clock;
+        self
+    }
+
+    /// The caller's `now` as the scripts take it: empty when the server's clock judges.
+    fn caller_now(&self, now: SystemTime) -> String {
+        match self.lease_clock {
+            LeaseClock::Store => String::new(),
+            LeaseClock::Caller => micros(now).to_string(),
+        }
+    }
+
     /// The key of the record `(biz, key)`: `{prefix}{<length of biz>:<biz>:<key>}` —
     /// `idem:{3:pay:order-7}`. The length keeps every biz and key apart (`a:b` + `c` is
     /// not `a` + `b:c`); the braces are the cluster hash tag, so whatever key a record
@@ -186,15 +210,16 @@ impl RedisStore {
     }
 
     /// The claim script, as the bench's hand-written floor calls it: `KEYS[1]` the
-    /// record key, `ARGV` now, lease end, expiry, first fence (instants in microseconds
-    /// since the epoch), fingerprint and request body (`""` for none), a claimant id,
-    /// and how long to keep the record after it expires (µs).
+    /// record key, `ARGV` the lease's and the record's lengths (µs, from the server's
+    /// clock, which judges every lease and expiry), fingerprint and request body (`""`
+    /// for none), a claimant id, and how long to keep the record after it expires (µs).
     pub fn claim_script() -> &'static Script {
         &CLAIM
     }
 
     /// The holder-write script: `ARGV` what (`complete`, `fail`, `renew`, `release`,
-    /// `steps`), fence, `created_at`, the value, now, expiry, keep (µs), and an id of
+    /// `steps`), fence, `created_at`, the value (a renewal's lease length in µs), the
+    /// record's length from now (µs, `complete` and `fail`), keep (µs), and an id of
     /// the write call (a resend with the same id is answered as applied; another
     /// writer's `complete` of the same lease is not).
     pub fn write_script() -> &'static Script {
@@ -227,13 +252,14 @@ impl RedisStore {
         }
     }
 
-    async fn write(&self, lease: &Lease, write: Write<'_>) -> Result<FenceCheck, StoreError> {
-        let (what, value, now, expires) = match write {
-            Write::Renew(until) => ("renew", micros(until).to_string(), 0, 0),
-            Write::Complete(response, now, expires) => ("complete", response.to_owned(), micros(now), micros(expires)),
-            Write::Fail(message, now, expires) => ("fail", message.to_owned(), micros(now), micros(expires)),
-            Write::Release => ("release", String::new(), 0, 0),
-            Write::Steps(steps) => ("steps", steps.to_owned(), 0, 0),
+    async fn write(&self, lease: &Lease, write: Write<'_>, now: SystemTime) -> Result<FenceCheck, StoreError> {
+        let length = |length: Duration| u64::try_from(length.as_micros()).unwrap_or(u64::MAX);
+        let (what, value, ttl) = match write {
+            Write::Renew(lease) => ("renew", length(lease).to_string(), 0),
+            Write::Complete(response, ttl) => ("complete", response.to_owned(), length(ttl)),
+            Write::Fail(message, ttl) => ("fail", message.to_owned(), length(ttl)),
+            Write::Release => ("release", String::new(), 0),
+            Write::Steps(steps) => ("steps", steps.to_owned(), 0),
         };
         let mut invocation = WRITE.prepare_invoke();
         invocation
@@ -242,10 +268,10 @@ impl RedisStore {
             .arg(lease.fence.to_string())
             .arg(micros(lease.created_at).to_string())
             .arg(value)
-            .arg(now.to_string())
-            .arg(expires.to_string())
+            .arg(ttl.to_string())
             .arg(self.keep_us().to_string())
-            .arg(call_id());
+            .arg(call_id())
+            .arg(self.caller_now(now));
         let applied: i64 = self.run(what, (&lease.biz, &lease.key), &invocation).await?;
         Ok(if applied == 1 {
             FenceCheck::Held
@@ -261,14 +287,13 @@ impl IdempotencyStore for RedisStore {
         let mut invocation = CLAIM.prepare_invoke();
         invocation
             .key(self.record_key(claim.biz, claim.key))
-            .arg(micros(claim.now).to_string())
-            .arg(micros(claim.lease_until()).to_string())
-            .arg(micros(claim.expires_at()).to_string())
-            .arg(claim.first_fence().to_string())
+            .arg(claim.lease.as_micros().to_string())
+            .arg(claim.ttl.max(claim.lease).as_micros().to_string())
             .arg(claim.fingerprint.unwrap_or(""))
             .arg(claim.request_body.unwrap_or(""))
             .arg(call_id())
-            .arg(self.keep_us().to_string());
+            .arg(self.keep_us().to_string())
+            .arg(self.caller_now(claim.now));
         let reply: Vec<Vec<u8>> = self.run("claim", (claim.biz, claim.key), &invocation).await?;
         match reply.split_first() {
             Some((tag, rest)) if tag.as_slice() == b"ACQUIRED" && rest.len() == 2 => {
@@ -295,7 +320,7 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
-        self.write(lease, Write::Renew(now + lease_for)).await
+        self.write(lease, Write::Renew(lease_for), now).await
     }
 
     async fn complete(
@@ -305,7 +330,7 @@ impl IdempotencyStore for RedisStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.write(lease, Write::Complete(response, now, now + ttl)).await
+        self.write(lease, Write::Complete(response, ttl), now).await
     }
 
     async fn fail(
@@ -315,15 +340,15 @@ impl IdempotencyStore for RedisStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.write(lease, Write::Fail(message, now, now + ttl)).await
+        self.write(lease, Write::Fail(message, ttl), now).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        self.write(lease, Write::Release).await
+        self.write(lease, Write::Release, idem_runtime::now()).await
     }
 
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
-        self.write(lease, Write::Steps(steps)).await
+        self.write(lease, Write::Steps(steps), idem_runtime::now()).await
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -359,7 +384,7 @@ impl IdempotencyStore for RedisStore {
                 let (next, keys): (u64, Vec<String>) = self.conn.query_on(&primary, &cmd).await.map_err(scan)?;
                 for key in keys {
                     let mut invocation = PURGE.prepare_invoke();
-                    invocation.key(&key).arg(micros(now).to_string());
+                    invocation.key(&key).arg(self.caller_now(now));
                     purged += self.run::<u64>("purge", ("", &key), &invocation).await?;
                     if purged >= limit {
                         return Ok(purged);

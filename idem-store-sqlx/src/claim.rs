@@ -2,6 +2,7 @@
 //! not grant the key, read the record that stood in the way.
 
 use std::future::Future;
+use std::time::SystemTime;
 
 use idem_runtime::{Claim, ClaimOutcome, Lease, Record, StoreError};
 use sqlx::Database;
@@ -27,6 +28,12 @@ pub(crate) enum RolledBack {
 /// Where a claim's statements run: the claim statement, and the read of what stood in
 /// its way.
 pub(crate) trait ClaimSite {
+    /// Whether the statements judge leases and expiry by the server's clock. A record
+    /// that stood in the way of such a claim stands: the caller's clock, which may run
+    /// ahead of the server's, has no say in it.
+    fn on_server_clock(&self) -> bool {
+        false
+    }
     /// Whether the site first tries [`insert`](Self::insert), the cheaper claim of a key
     /// nobody holds.
     fn inserts_first(&self) -> bool {
@@ -38,7 +45,12 @@ pub(crate) trait ClaimSite {
         std::future::ready(Ok(None))
     }
     fn upsert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
-    fn read(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    /// The record, and the instant it was read at by the server's clock (`None` on the
+    /// caller's: the claim's instant judges).
+    fn read(
+        &mut self,
+        claim: &Claim<'_>,
+    ) -> impl Future<Output = Result<(Option<Record>, Option<SystemTime>), StoreError>> + Send;
 }
 
 /// A connection of dialect `D` (a pooled one, or the caller's transaction's) with the
@@ -51,6 +63,8 @@ pub(crate) struct OnConnection<'c, D: Dialect> {
     pub get: &'c str,
     /// The dialect's insert-if-absent claim, where it has one and the site uses it.
     pub insert: Option<&'c str>,
+    /// Whether the statements judge by the server's clock.
+    pub server_clock: bool,
 }
 
 /// Run the claim statement at `site`; when it refused without saying what stood in
@@ -76,26 +90,50 @@ pub(crate) async fn claim_or_read<S: ClaimSite>(
         } else {
             site.upsert(claim).await
         };
-        let stood = match attempt {
+        // The claim statement's own refusal is judged already (on the caller's clock it
+        // is judged again, as a read is); a record read afterwards is judged by the
+        // instant of that read.
+        let trusted = site.on_server_clock();
+        let (stood, judged_at) = match attempt {
             Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
-            Ok(Upserted::Refused(Some(record))) => Some(record),
-            Ok(Upserted::Refused(None)) => site.read(claim).await?,
+            Ok(Upserted::Refused(Some(record))) => (Some(record), (!trusted).then_some(claim.now)),
+            Ok(Upserted::Refused(None)) => read_judged(site, claim).await?,
             Err(error) if rolled_back == RolledBack::LostRace && crate::rollback::lost_race(&error) => {
-                site.read(claim).await?
+                read_judged(site, claim).await?
             }
             Err(error) => return Err(error),
         };
-        if let Some(existing) = standing(claim, stood) {
+        if let Some(existing) = standing(claim, stood, judged_at) {
             return Ok(existing);
         }
     }
     Err(changed_under(claim))
 }
 
-/// The answer of a refused claim when the record that `stood` in its way still does;
-/// `None` when it vanished or became claimable (go round again).
-fn standing(claim: &Claim<'_>, stood: Option<Record>) -> Option<ClaimOutcome> {
-    stood.filter(|record| !claim.admits(record)).map(ClaimOutcome::Existing)
+/// Read what stood in the claim's way: the record, and the instant to judge it by —
+/// the server's instant of the read where the site has one, else the claim's.
+async fn read_judged<S: ClaimSite>(
+    site: &mut S,
+    claim: &Claim<'_>,
+) -> Result<(Option<Record>, Option<SystemTime>), StoreError> {
+    let (record, read_at) = site.read(claim).await?;
+    Ok((record, Some(read_at.unwrap_or(claim.now))))
+}
+
+/// The answer of a refused claim when the record that `stood` in its way still does
+/// at `judged_at`; `None` when it vanished or became claimable since (go round again).
+/// With no instant, the server's refusal is the judgement and the record the answer.
+/// Never the caller's clock against a server's: a caller whose clock runs ahead would
+/// see every running claim as lapsed.
+fn standing(claim: &Claim<'_>, stood: Option<Record>, judged_at: Option<SystemTime>) -> Option<ClaimOutcome> {
+    let stands = |record: &Record| {
+        judged_at.is_none_or(|at| {
+            let mut judged = *claim;
+            judged.now = at;
+            !judged.admits(record)
+        })
+    };
+    stood.filter(stands).map(ClaimOutcome::Existing)
 }
 
 /// The error of a claim that went round [`CLAIM_ATTEMPTS`] times.
@@ -148,8 +186,8 @@ mod tests {
             Ok((self.upserted)(self.rounds))
         }
 
-        async fn read(&mut self, _claim: &Claim<'_>) -> Result<Option<Record>, StoreError> {
-            Ok((self.stands)())
+        async fn read(&mut self, _claim: &Claim<'_>) -> Result<(Option<Record>, Option<SystemTime>), StoreError> {
+            Ok(((self.stands)(), None))
         }
     }
 

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::{Claim, Lease, Record, StoreError};
+use idem_runtime::{Claim, Lease, LeaseClock, Record, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
@@ -71,6 +71,15 @@ pub(crate) trait Stored: Sized + Send + Sync + 'static {
     type Db: Database;
     fn from_parts(parts: Parts<Self::Db>) -> Self;
     fn parts(&self) -> &Parts<Self::Db>;
+
+    /// Whose clock the store's statements judge leases by.
+    fn lease_clock(&self) -> LeaseClock {
+        if self.parts().sql.server_clock {
+            LeaseClock::Store
+        } else {
+            LeaseClock::Caller
+        }
+    }
 }
 
 /// A SQL dialect's store: everything that differs between SQLite, PostgreSQL and
@@ -91,16 +100,18 @@ pub(crate) trait Dialect: Stored {
     /// What the statements need of each column.
     const NEEDS: &'static [Need];
 
-    /// The one statement that claims a key of the table written `table` (quoted).
-    /// Binds: biz, key, fingerprint, request body, lease end, now, expiry, first fence.
-    fn claim_statement(table: &str) -> String;
+    /// The one statement that claims a key of the table written `table` (quoted), in
+    /// `flavor` (the dialect's, judged by the server's clock or the caller's). Binds:
+    /// biz, key, fingerprint, request body, then on the caller's clock lease end, now,
+    /// expiry, first fence — on the server's, the lease's and the record's lengths.
+    fn claim_statement(table: &str, flavor: &Flavor) -> String;
     /// A cheaper claim of a key nobody holds, tried on the store's pool before
     /// [`claim_statement`](Self::claim_statement) where the dialect has one: it inserts
     /// the record or, when one stands, changes nothing (the claim then reads it, and
     /// takes it over with the claim statement only if it is claimable). Binds as the
     /// claim statement's.
-    fn insert_statement(table: &str) -> Option<String> {
-        let _ = table;
+    fn insert_statement(table: &str, flavor: &Flavor) -> Option<String> {
+        let _ = (table, flavor);
         None
     }
 
@@ -109,15 +120,19 @@ pub(crate) trait Dialect: Stored {
     fn insert_if_absent(
         conn: &mut <Self::Db as Database>::Connection,
         sql: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
-        let _ = (conn, sql, claim);
+        let _ = (conn, sql, server_clock, claim);
         std::future::ready(Err(StoreError::new("this dialect has no insert-if-absent claim")))
     }
 
-    /// The bounded purge of the table written `table`. Binds: now, limit (and now
-    /// again where the dialect repeats it).
-    fn purge_statement(table: &str) -> String;
+    /// The bounded purge of the table written `table`, in `flavor`. Binds: now (none
+    /// on the server's clock; twice where the dialect repeats it), limit.
+    fn purge_statement(table: &str, flavor: &Flavor) -> String;
+
+    /// The purge binds the caller's `now` twice (MySQL's `?` cannot be used again).
+    const PURGE_REPEATS_NOW: bool = false;
 
     /// Run the claim statement `upsert` on `conn`: granted, or refused with the record
     /// that stood in the way when the statement can tell (else the caller reads it,
@@ -126,6 +141,7 @@ pub(crate) trait Dialect: Stored {
         conn: &mut <Self::Db as Database>::Connection,
         upsert: &str,
         get: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
 
@@ -152,8 +168,8 @@ pub(crate) trait Dialect: Stored {
     /// The table's columns and unique keys, from the catalog.
     fn read_shape(&self) -> impl Future<Output = Result<(Vec<Column>, Vec<UniqueKey>), StoreError>> + Send;
 
-    /// Delete up to `limit` records that expired by `now` (never a live claim); run again
-    /// while the server rolls it back.
+    /// Delete up to `limit` records that expired by `now` — by the server's clock where
+    /// the dialect has one — never a live claim; run again while the server rolls it back.
     fn purge(&self, now: SystemTime, limit: u64) -> impl Future<Output = Result<u64, StoreError>> + Send
     where
         for<'c> &'c Pool<Self::Db>: Executor<'c, Database = Self::Db>,
@@ -165,9 +181,12 @@ pub(crate) trait Dialect: Stored {
         let purge = move || {
             let now = now.clone();
             async move {
-                let mut purge = sqlx::query(&self.parts().purge_sql).bind(now.clone());
-                if Self::FLAVOR.purge_repeats_now {
-                    purge = purge.bind(now);
+                let mut purge = sqlx::query(&self.parts().purge_sql);
+                if !self.parts().sql.server_clock {
+                    purge = purge.bind(now.clone());
+                    if Self::PURGE_REPEATS_NOW {
+                        purge = purge.bind(now);
+                    }
                 }
                 let done = purge
                     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -202,15 +221,23 @@ pub(crate) fn derived_identifier<D: Dialect>(name: &str, suffix: &str) -> String
     quoted(&derived_name(name, suffix), D::QUOTE)
 }
 
-/// A store of dialect `D` on `pool` and the table `name` (already checked).
+/// A store of dialect `D` on `pool` and the table `name` (already checked), judging
+/// leases by the server's clock.
 pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
+    on_table_judged_by(pool, name, LeaseClock::Store)
+}
+
+/// A store of dialect `D` on `pool` and the table `name` (already checked), judging
+/// leases by `clock`.
+pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, clock: LeaseClock) -> D {
     let table = quoted(&name, D::QUOTE);
+    let flavor = D::FLAVOR.judged_by(clock);
     D::from_parts(Parts {
         pool,
-        sql: Arc::new(Statements::new(&name, &table, &D::FLAVOR)),
-        upsert_sql: D::claim_statement(&table).into(),
-        insert_sql: D::insert_statement(&table).map(Into::into),
-        purge_sql: D::purge_statement(&table).into(),
+        sql: Arc::new(Statements::new(&name, &table, &flavor)),
+        upsert_sql: D::claim_statement(&table, &flavor).into(),
+        insert_sql: D::insert_statement(&table, &flavor).map(Into::into),
+        purge_sql: D::purge_statement(&table, &flavor).into(),
         table_checked: Arc::default(),
         learned_get: Arc::default(),
     })
@@ -218,5 +245,15 @@ pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
 
 /// `store` on the table `name` instead, once the name is checked.
 pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError> {
-    Ok(on_table(store.parts().pool.clone(), checked_table_name(name)?))
+    Ok(on_table_judged_by(
+        store.parts().pool.clone(),
+        checked_table_name(name)?,
+        store.lease_clock(),
+    ))
+}
+
+/// `store` judging leases by `clock` instead.
+pub(crate) fn judged_by<D: Dialect>(store: D, clock: LeaseClock) -> D {
+    let parts = store.parts();
+    on_table_judged_by(parts.pool.clone(), parts.sql.table.clone(), clock)
 }

@@ -69,7 +69,7 @@ pub use connection::ACQUIRE_TIMEOUT;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use mysql::MySqlStore;
-pub use open::{connect_table, open, open_table};
+pub use open::{connect_table, open, open_table, open_table_judged_by};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::PostgresStore;

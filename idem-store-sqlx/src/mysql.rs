@@ -8,9 +8,9 @@
 //!
 //! | rows affected | last insert id | meaning |
 //! |---|---|---|
-//! | 1 | 0 | inserted: the claim's first fence |
+//! | 1 | n ≥ 1 | inserted: fence n, the server's instant in microseconds, is its `created_at` |
 //! | 2 | n | taken over or re-claimed after expiry: fence n |
-//! | 0 or 1 | n ≥ 1 | refused: the record (fence n) stands |
+//! | 0 or 1 | 0 | refused: the record stands |
 //!
 //! MySQL evaluates `ON DUPLICATE KEY UPDATE` assignments left to right, each seeing the
 //! columns already assigned. The grant condition reads `status`, `expires_at`,
@@ -25,12 +25,11 @@ use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
 use crate::connection::connect;
-use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts, Upserted};
+use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
-use crate::row::utc;
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
-use crate::statements::Flavor;
+use crate::statements::{Flavor, ServerClock};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
@@ -83,6 +82,16 @@ impl MySqlStore {
     /// Use the table `name` instead (`table` or `database.table`).
     pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
         renamed(self, name)
+    }
+
+    /// Judge leases, expiry and grants by `clock`. The default,
+    /// [`LeaseClock::Store`](idem_runtime::LeaseClock::Store), reads the server's clock
+    /// in every statement, so application hosts whose clocks disagree agree on every
+    /// lease; [`LeaseClock::Caller`](idem_runtime::LeaseClock::Caller) takes the
+    /// caller's instants (which follow tokio's paused clock) — for tests that move time
+    /// against a real server, never for more than one host.
+    pub fn with_lease_clock(self, clock: idem_runtime::LeaseClock) -> Self {
+        judged_by(self, clock)
     }
 
     /// The DDL `migrate` runs, for this store's table and server: one `CREATE TABLE`
@@ -159,18 +168,17 @@ impl MySqlStore {
         R: FnOnce() -> F,
         F: std::future::Future<Output = Result<Option<idem_runtime::Record>, StoreError>>,
     {
-        let lease = |fence, created_at| Lease {
-            biz: claim.biz.to_owned(),
-            key: claim.key.to_owned(),
-            fence,
-            created_at,
-        };
         match (done.rows_affected(), done.last_insert_id()) {
-            (1, 0) => Ok(Upserted::Granted(lease(claim.first_fence(), utc(claim.now).into()))),
+            (1, fence) if fence > 0 => Ok(Upserted::Granted(first_life(claim, fence))),
             (2, fence) => {
                 // Granted on an existing row; a takeover kept the row's `created_at`.
                 match read().await? {
-                    Some(record) if record.fence == fence => Ok(Upserted::Granted(lease(fence, record.created_at))),
+                    Some(record) if record.fence == fence => Ok(Upserted::Granted(Lease {
+                        biz: claim.biz.to_owned(),
+                        key: claim.key.to_owned(),
+                        fence,
+                        created_at: record.created_at,
+                    })),
                     other => Err(StoreError::new(format!(
                         "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
                         claim.biz,
@@ -184,6 +192,17 @@ impl MySqlStore {
     }
 }
 
+/// The lease of a record the claim inserted: its fence is its `created_at` (the
+/// server's instant) in microseconds since the epoch.
+fn first_life(claim: &Claim<'_>, fence: u64) -> Lease {
+    Lease {
+        biz: claim.biz.to_owned(),
+        key: claim.key.to_owned(),
+        fence,
+        created_at: std::time::UNIX_EPOCH + Duration::from_micros(fence),
+    }
+}
+
 impl Dialect for MySqlStore {
     type Stamp = NaiveDateTime;
     type LockWait = ();
@@ -194,10 +213,15 @@ impl Dialect for MySqlStore {
         columns: SELECT_COLUMNS,
         biz_text: "CONVERT(biz_type USING utf8mb4)",
         locking_read: " LOCK IN SHARE MODE",
-        purge_repeats_now: true,
+        // UTC, to the microsecond; the same instant throughout a statement.
+        clock: Some(ServerClock {
+            now: "UTC_TIMESTAMP(6)",
+            after: "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))",
+            epoch_micros: "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
+        }),
     };
 
-    fn claim_statement(table: &str) -> String {
+    fn claim_statement(table: &str, flavor: &Flavor) -> String {
         // Order matters: first the columns the condition does not read; then
         // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
         // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
@@ -205,12 +229,18 @@ impl Dialect for MySqlStore {
         // expired) and last `lease_until`. A record that expired with no lease at all
         // (written by hand) no longer meets the condition there; it is known by the new
         // life its `created_at` and `expires_at` were just given.
+        // On the server's clock the claim binds only the lengths of the lease and of
+        // the record; on the caller's, its instants and first fence.
+        let (lease_until, expires_at) = (flavor.after("?"), flavor.after("?"));
+        let (now, first_fence) = flavor.clock.map_or(("?", "?"), |clock| (clock.now, clock.epoch_micros));
         format!(
             "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
                lease_until, created_at, expires_at, fence) \
-             VALUES (?, ?, 'PROCESSING', ?, ?, ?, ?, ?, ?) \
+             VALUES (?, ?, 'PROCESSING', ?, ?, {lease_until}, {now}, {expires_at}, LAST_INSERT_ID({first_fence})) \
              ON DUPLICATE KEY UPDATE \
-               fence = IF({GRANTED}, LAST_INSERT_ID(fence + 1), LAST_INSERT_ID(fence)), \
+               fence = IF({GRANTED}, \
+                 LAST_INSERT_ID(IF(expires_at <= VALUES(created_at), GREATEST(fence + 1, VALUES(fence)), fence + 1)), \
+                 fence + LAST_INSERT_ID(0)), \
                request_body = IF({GRANTED}, VALUES(request_body), request_body), \
                response_body = IF({GRANTED}, NULL, response_body), \
                error_message = IF({GRANTED}, NULL, error_message), \
@@ -229,8 +259,8 @@ impl Dialect for MySqlStore {
     /// MySQL that clause costs a first claim as much as a round trip, even when no
     /// record is in the way. A record that is there fails it with a duplicate key, and
     /// changes nothing.
-    fn insert_statement(table: &str) -> Option<String> {
-        let claim = Self::claim_statement(table);
+    fn insert_statement(table: &str, flavor: &Flavor) -> Option<String> {
+        let claim = Self::claim_statement(table, flavor);
         let (insert, _) = claim
             .split_once(" ON DUPLICATE KEY UPDATE")
             .expect("the claim is an INSERT … ON DUPLICATE KEY UPDATE");
@@ -240,15 +270,14 @@ impl Dialect for MySqlStore {
     async fn insert_if_absent(
         conn: &mut MySqlConnection,
         sql: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        match bind_claim!(sqlx::query(sql), claim).execute(&mut *conn).await {
-            Ok(_) => Ok(Some(Lease {
-                biz: claim.biz.to_owned(),
-                key: claim.key.to_owned(),
-                fence: claim.first_fence(),
-                created_at: utc(claim.now).into(),
-            })),
+        match bind_claim!(sqlx::query(sql), server_clock, claim)
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(done) => Ok(Some(first_life(claim, done.last_insert_id()))),
             Err(sqlx::Error::Database(db))
                 if db
                     .try_downcast_ref::<MySqlDatabaseError>()
@@ -260,12 +289,15 @@ impl Dialect for MySqlStore {
         }
     }
 
-    fn purge_statement(table: &str) -> String {
+    fn purge_statement(table: &str, flavor: &Flavor) -> String {
+        let now = flavor.now();
         format!(
-            "DELETE FROM {table} WHERE expires_at <= ? AND (status <> 'PROCESSING' OR lease_until <= ?) \
+            "DELETE FROM {table} WHERE expires_at <= {now} AND (status <> 'PROCESSING' OR lease_until <= {now}) \
              ORDER BY expires_at LIMIT ?"
         )
     }
+
+    const PURGE_REPEATS_NOW: bool = true;
 
     /// The type `migrate` gives the `steps` column.
     const STEPS_TYPE: &'static str = "LONGTEXT NULL";
@@ -347,9 +379,10 @@ impl Dialect for MySqlStore {
         conn: &mut MySqlConnection,
         upsert: &str,
         get: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> Result<Upserted, StoreError> {
-        let done = bind_claim!(sqlx::query(upsert), claim)
+        let done = bind_claim!(sqlx::query(upsert), server_clock, claim)
             .execute(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;

@@ -8,12 +8,12 @@ use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::Row;
 
 use crate::connection::connect;
-use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts, Upserted};
+use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
-use crate::statements::{insert_if_absent, upsert_on_conflict, Flavor};
+use crate::statements::{insert_if_absent, upsert_on_conflict, Flavor, ServerClock};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -43,6 +43,16 @@ impl PostgresStore {
     /// Use the table `name` instead (`table` or `schema.table`).
     pub fn with_table_name(self, name: &str) -> Result<Self, StoreError> {
         renamed(self, name)
+    }
+
+    /// Judge leases, expiry and grants by `clock`. The default,
+    /// [`LeaseClock::Store`](idem_runtime::LeaseClock::Store), reads the server's clock
+    /// in every statement, so application hosts whose clocks disagree agree on every
+    /// lease; [`LeaseClock::Caller`](idem_runtime::LeaseClock::Caller) takes the
+    /// caller's instants (which follow tokio's paused clock) — for tests that move time
+    /// against a real server, never for more than one host.
+    pub fn with_lease_clock(self, clock: idem_runtime::LeaseClock) -> Self {
+        judged_by(self, clock)
     }
 
     /// Create the table and its `expires_at` index if they do not exist (under an
@@ -100,11 +110,16 @@ impl Dialect for PostgresStore {
         columns: COLUMNS,
         biz_text: "biz_type",
         locking_read: "",
-        purge_repeats_now: false,
+        // The statement's start, the same instant however often a statement reads it.
+        clock: Some(ServerClock {
+            now: "statement_timestamp()",
+            after: "(statement_timestamp() + ? * INTERVAL '1 microsecond')",
+            epoch_micros: "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000)::BIGINT",
+        }),
     };
 
-    fn claim_statement(table: &str) -> String {
-        let upsert = upsert_on_conflict(table, &Self::FLAVOR);
+    fn claim_statement(table: &str, flavor: &Flavor) -> String {
+        let upsert = upsert_on_conflict(table, flavor);
         let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
         format!(
             "WITH granted AS ({upsert}) \
@@ -116,16 +131,17 @@ impl Dialect for PostgresStore {
         )
     }
 
-    fn insert_statement(table: &str) -> Option<String> {
-        Some(insert_if_absent(table, &Self::FLAVOR))
+    fn insert_statement(table: &str, flavor: &Flavor) -> Option<String> {
+        Some(insert_if_absent(table, flavor))
     }
 
     async fn insert_if_absent(
         conn: &mut PgConnection,
         sql: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        let row = bind_claim!(sqlx::query(sql), claim)
+        let row = bind_claim!(sqlx::query(sql), server_clock, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
@@ -136,11 +152,15 @@ impl Dialect for PostgresStore {
     }
 
     /// SKIP LOCKED: a purge never waits behind a claim in flight.
-    fn purge_statement(table: &str) -> String {
+    fn purge_statement(table: &str, flavor: &Flavor) -> String {
+        let (now, limit) = match &flavor.clock {
+            Some(clock) => (clock.now, "$1"),
+            None => ("$1", "$2"),
+        };
         format!(
             "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
-             WHERE expires_at <= $1 AND (status <> 'PROCESSING' OR lease_until <= $1) \
-             LIMIT $2 FOR UPDATE SKIP LOCKED))"
+             WHERE expires_at <= {now} AND (status <> 'PROCESSING' OR lease_until <= {now}) \
+             LIMIT {limit} FOR UPDATE SKIP LOCKED))"
         )
     }
 
@@ -225,9 +245,10 @@ impl Dialect for PostgresStore {
         conn: &mut PgConnection,
         upsert: &str,
         _get: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> Result<Upserted, StoreError> {
-        let row = bind_claim!(sqlx::query(upsert), claim)
+        let row = bind_claim!(sqlx::query(upsert), server_clock, claim)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;

@@ -65,6 +65,56 @@ impl Stamp for String {
     }
 }
 
+/// A length in whole microseconds, as a server adds it to its clock.
+pub(crate) fn micros(length: Duration) -> i64 {
+    i64::try_from(length.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// An instant's distance from "now", one way or the other.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Offset {
+    After(Duration),
+    Before(Duration),
+}
+
+impl From<Duration> for Offset {
+    fn from(length: Duration) -> Self {
+        Offset::After(length)
+    }
+}
+
+impl Offset {
+    /// Signed microseconds: negative before now.
+    pub(crate) fn micros(self) -> i64 {
+        match self {
+            Offset::After(length) => micros(length),
+            Offset::Before(length) => -micros(length),
+        }
+    }
+
+    /// The instant this far from `now`.
+    pub(crate) fn from(self, now: SystemTime) -> SystemTime {
+        match self {
+            Offset::After(length) => now + length,
+            Offset::Before(length) => now - length,
+        }
+    }
+}
+
+/// The server's instant of a read, in the column after the record's (`get` on a
+/// server's clock).
+pub(crate) fn read_at<'r, R, Ts>(row: &'r R) -> Result<SystemTime, StoreError>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    Ts: Stamp + Decode<'r, R::Database> + Type<R::Database>,
+{
+    let at: Ts = row
+        .try_get(13)
+        .map_err(|e| driver_error("get (the server's instant)", e))?;
+    at.into_system_time().map_err(StoreError::new)
+}
+
 /// Decode a row selected with [`COLUMNS`](crate::table::COLUMNS) into a [`Record`].
 /// A row that does not decode is an error naming its biz and key; nothing is guessed.
 pub(crate) fn record_from_row<'r, R, Ts>(row: &'r R) -> Result<Record, StoreError>

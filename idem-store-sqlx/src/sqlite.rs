@@ -146,14 +146,15 @@ impl Dialect for SqliteStore {
         columns: COLUMNS,
         biz_text: "biz_type",
         locking_read: "",
-        purge_repeats_now: false,
+        clock: None,
     };
 
-    fn claim_statement(table: &str) -> String {
-        upsert_on_conflict(table, &Self::FLAVOR)
+    fn claim_statement(table: &str, flavor: &Flavor) -> String {
+        upsert_on_conflict(table, flavor)
     }
 
-    fn purge_statement(table: &str) -> String {
+    /// SQLite lives on its host's clock: the caller's `now` is bound.
+    fn purge_statement(table: &str, _flavor: &Flavor) -> String {
         format!(
             "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
              WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
@@ -239,9 +240,10 @@ impl Dialect for SqliteStore {
         conn: &mut SqliteConnection,
         upsert: &str,
         _get: &str,
+        server_clock: bool,
         claim: &Claim<'_>,
     ) -> Result<Upserted, StoreError> {
-        let granted = bind_claim!(sqlx::query(upsert), claim)
+        let granted = bind_claim!(sqlx::query(upsert), server_clock, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;

@@ -7,6 +7,7 @@
 use crate::table::COLUMNS;
 
 /// What differs between dialects in the statements that are otherwise shared.
+#[derive(Clone, Copy)]
 pub(crate) struct Flavor {
     /// `$1, $2, …` placeholders (PostgreSQL) instead of `?`.
     pub numbered: bool,
@@ -21,8 +22,47 @@ pub(crate) struct Flavor {
     /// MODE` on MySQL, whose REPEATABLE READ reads a snapshot; empty where the claim
     /// statement already did, or where nothing can).
     pub locking_read: &'static str,
-    /// The purge binds `now` twice (MySQL's `?` cannot be used again).
-    pub purge_repeats_now: bool,
+    /// The server's clock, which every statement judges leases and expiry by; `None`
+    /// where the caller's instants are bound (SQLite lives on its host's clock).
+    pub clock: Option<ServerClock>,
+}
+
+/// A database server's clock in SQL: the statement's instant, read once per statement,
+/// and instants a bound number of microseconds from it. Only durations come from the
+/// caller, so hosts whose clocks disagree still agree on every lease.
+#[derive(Clone, Copy)]
+pub(crate) struct ServerClock {
+    /// The statement's instant.
+    pub now: &'static str,
+    /// The statement's instant plus `?` microseconds (an `i64` bound there).
+    pub after: &'static str,
+    /// The statement's instant in microseconds since the epoch: a new record's fence.
+    pub epoch_micros: &'static str,
+}
+
+impl Flavor {
+    /// The flavor whose statements judge by `clock`: the dialect's server clock, or
+    /// the caller's bound instants.
+    pub(crate) fn judged_by(self, clock: idem_runtime::LeaseClock) -> Flavor {
+        match clock {
+            idem_runtime::LeaseClock::Store => self,
+            idem_runtime::LeaseClock::Caller => Flavor { clock: None, ..self },
+        }
+    }
+
+    /// "Now" in a statement: the server's instant, or a bound one.
+    pub(crate) fn now(&self) -> &'static str {
+        self.clock.as_ref().map_or("?", |clock| clock.now)
+    }
+
+    /// An instant some time from now: the server's instant plus bound microseconds, or
+    /// a bound instant. `placeholder` is where the bind goes (`?`, or `?5`).
+    pub(crate) fn after(&self, placeholder: &str) -> String {
+        match &self.clock {
+            Some(clock) => clock.after.replace('?', placeholder),
+            None => placeholder.to_owned(),
+        }
+    }
 }
 
 /// Statements shared by all dialects, with `?` turned into the dialect's placeholders.
@@ -33,6 +73,8 @@ pub(crate) struct Statements {
     pub table: String,
     /// The table's name quoted for the dialect, as every statement writes it.
     pub quoted: String,
+    /// Whether the statements read the server's clock (and bind lengths, not instants).
+    pub server_clock: bool,
     pub renew: String,
     pub complete: String,
     pub fail: String,
@@ -41,19 +83,23 @@ pub(crate) struct Statements {
     /// Lets the lease of a record with steps lapse, keeping them for the next claim.
     pub park: String,
     pub record_steps: String,
+    /// The read of one record (and, on a server's clock, the server's instant after
+    /// its columns).
     pub get: String,
     /// `get` inside the caller's transaction, reading the latest commit.
     pub get_in_transaction: String,
     /// `PROCESSING` records created before an instant whose lease lapsed (or that have
-    /// none) — never a running claim, never a form token. Binds: created before, now,
-    /// biz, biz (`''` for every biz), limit.
+    /// none) — never a running claim, never a form token. Binds: created before (on a
+    /// server's clock, microseconds from now, negative), now (none on a server's
+    /// clock), biz, biz (`''` for every biz), limit.
     pub stuck: String,
     /// The oldest `PROCESSING` record that is not a form token, running or not. Binds:
     /// biz, biz.
     pub oldest_processing: String,
-    /// Live `FAIL` records. Binds: now, biz, biz, limit.
+    /// Live `FAIL` records. Binds: now (none on a server's clock), biz, biz, limit.
     pub failed: String,
-    /// Records by biz and status, and how many of them expired. Binds: now, biz, biz.
+    /// Records by biz and status, and how many of them expired. Binds: now (none on a
+    /// server's clock), biz, biz.
     pub stats: String,
     /// Deletes a `FAIL` record, so the next call runs.
     pub forget_failed: String,
@@ -78,17 +124,22 @@ impl Statements {
         };
         let greatest = flavor.greatest;
         let columns = flavor.columns;
+        let (now, after) = (flavor.now(), flavor.after("?"));
+        // On a server's clock a read also says when it read, by that clock: a claim
+        // judges what it read by that instant.
+        let read_at = flavor.clock.map_or(String::new(), |clock| format!(", {}", clock.now));
         let finish = |status: &str, column: &str| {
             sql(format!(
-                "UPDATE {table} SET status = '{status}', {column} = ?, lease_until = ?, completed_at = ?, expires_at = ? \
-                 WHERE {HELD}"
+                "UPDATE {table} SET status = '{status}', {column} = ?, lease_until = {now}, completed_at = {now}, \
+                 expires_at = {after} WHERE {HELD}"
             ))
         };
         Self {
             table: name.to_owned(),
             quoted: table.to_owned(),
+            server_clock: flavor.clock.is_some(),
             renew: sql(format!(
-                "UPDATE {table} SET lease_until = ?, expires_at = {greatest}(expires_at, ?) WHERE {HELD}"
+                "UPDATE {table} SET lease_until = {after}, expires_at = {greatest}(expires_at, {after}) WHERE {HELD}"
             )),
             complete: finish("SUCCESS", "response_body"),
             fail: finish("FAIL", "error_message"),
@@ -96,15 +147,15 @@ impl Statements {
             park: sql(format!("UPDATE {table} SET lease_until = created_at WHERE {HELD}")),
             record_steps: sql(format!("UPDATE {table} SET steps = ? WHERE {HELD}")),
             get: sql(format!(
-                "SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?"
+                "SELECT {columns}{read_at} FROM {table} WHERE biz_type = ? AND idempotent_key = ?"
             )),
             get_in_transaction: sql(format!(
-                "SELECT {columns} FROM {table} WHERE biz_type = ? AND idempotent_key = ?{}",
+                "SELECT {columns}{read_at} FROM {table} WHERE biz_type = ? AND idempotent_key = ?{}",
                 flavor.locking_read
             )),
             stuck: sql(format!(
-                "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= ? \
-                 AND (lease_until IS NULL OR lease_until <= ?) AND {NOT_A_TOKEN} AND {OF_BIZ} \
+                "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= {after} \
+                 AND (lease_until IS NULL OR lease_until <= {now}) AND {NOT_A_TOKEN} AND {OF_BIZ} \
                  ORDER BY created_at LIMIT ?"
             )),
             oldest_processing: sql(format!(
@@ -112,11 +163,11 @@ impl Statements {
                  ORDER BY created_at LIMIT 1"
             )),
             failed: sql(format!(
-                "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > ? AND {OF_BIZ} \
+                "SELECT {columns} FROM {table} WHERE status = 'FAIL' AND expires_at > {now} AND {OF_BIZ} \
                  ORDER BY completed_at LIMIT ?"
             )),
             stats: sql(format!(
-                "SELECT {biz_text}, status, COUNT(*), COUNT(CASE WHEN expires_at <= ? THEN 1 END) FROM {table} \
+                "SELECT {biz_text}, status, COUNT(*), COUNT(CASE WHEN expires_at <= {now} THEN 1 END) FROM {table} \
                  WHERE {OF_BIZ} GROUP BY biz_type, status ORDER BY biz_type, status",
                 biz_text = flavor.biz_text
             )),
@@ -144,27 +195,37 @@ pub(crate) fn insert_if_absent(table: &str, flavor: &Flavor) -> String {
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The claim on PostgreSQL and SQLite: insert, or take over an expired record or a
 /// lapsed lease whose fingerprint agrees, in one statement; `RETURNING` says whether
-/// (and with which fence and life) it granted. Binds: biz, key, fingerprint, request
-/// body, lease end, now, expiry, first fence.
+/// (and with which fence and life) it granted. A new life's fence is its first
+/// instant in microseconds, or one above the last life's when that is higher. Binds:
+/// biz, key, fingerprint, request body, then on the caller's clock lease end, now,
+/// expiry, first fence — on a server's clock the lease's and the record's lengths in
+/// microseconds.
 pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
+    let (lease_until, now, expires_at, first_fence) = match &flavor.clock {
+        Some(clock) => (flavor.after("?5"), clock.now, flavor.after("?6"), clock.epoch_micros),
+        None => ("?5".to_owned(), "?6", "?7".to_owned(), "?8"),
+    };
+    let greatest = flavor.greatest;
     let text = format!(
         "INSERT INTO {table} AS cur ({COLUMNS}) \
-         VALUES (?1, ?2, 'PROCESSING', ?8, ?3, ?4, NULL, NULL, ?5, ?6, NULL, ?7, NULL) \
+         VALUES (?1, ?2, 'PROCESSING', {first_fence}, ?3, ?4, NULL, NULL, {lease_until}, {now}, NULL, {expires_at}, NULL) \
          ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
            status = 'PROCESSING', \
-           fence = cur.fence + 1, \
-           fingerprint = CASE WHEN cur.expires_at <= ?6 THEN excluded.fingerprint \
+           fence = CASE WHEN cur.expires_at <= excluded.created_at THEN {greatest}(cur.fence + 1, excluded.fence) \
+                   ELSE cur.fence + 1 END, \
+           fingerprint = CASE WHEN cur.expires_at <= excluded.created_at THEN excluded.fingerprint \
                          ELSE COALESCE(excluded.fingerprint, cur.fingerprint) END, \
            request_body = excluded.request_body, \
            response_body = NULL, \
            error_message = NULL, \
            lease_until = excluded.lease_until, \
-           created_at = CASE WHEN cur.expires_at <= ?6 THEN excluded.created_at ELSE cur.created_at END, \
+           created_at = CASE WHEN cur.expires_at <= excluded.created_at THEN excluded.created_at \
+                        ELSE cur.created_at END, \
            completed_at = NULL, \
-           steps = CASE WHEN cur.expires_at <= ?6 THEN NULL ELSE cur.steps END, \
+           steps = CASE WHEN cur.expires_at <= excluded.created_at THEN NULL ELSE cur.steps END, \
            expires_at = excluded.expires_at \
-         WHERE cur.expires_at <= ?6 \
-            OR (cur.status = 'PROCESSING' AND cur.lease_until <= ?6 \
+         WHERE cur.expires_at <= excluded.created_at \
+            OR (cur.status = 'PROCESSING' AND cur.lease_until <= excluded.created_at \
                 AND (cur.fingerprint IS NULL OR excluded.fingerprint IS NULL \
                      OR cur.fingerprint = excluded.fingerprint)) \
          RETURNING fence, created_at"
@@ -201,10 +262,30 @@ mod tests {
     #[test]
     fn numbers_placeholders_for_postgres() {
         use crate::dialect::Dialect;
-        let statements = Statements::new("t", "t", &crate::PostgresStore::FLAVOR);
+        let flavor = crate::PostgresStore::FLAVOR.judged_by(idem_runtime::LeaseClock::Caller);
+        let statements = Statements::new("t", "t", &flavor);
         assert!(statements
             .renew
             .starts_with("UPDATE t SET lease_until = $1, expires_at = GREATEST(expires_at, $2)"));
         assert!(statements.renew.ends_with("created_at = $6 AND status = 'PROCESSING'"));
+    }
+
+    /// On the server's clock the statements read its instant and bind lengths.
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn statements_on_the_servers_clock_bind_lengths() {
+        use crate::dialect::Dialect;
+        let statements = Statements::new("t", "t", &crate::PostgresStore::FLAVOR);
+        assert!(statements.server_clock);
+        assert!(
+            statements.renew.starts_with(
+                "UPDATE t SET lease_until = (statement_timestamp() + $1 * INTERVAL '1 microsecond'), \
+                 expires_at = GREATEST(expires_at, (statement_timestamp() + $2 * INTERVAL '1 microsecond'))"
+            ),
+            "{}",
+            statements.renew
+        );
+        assert!(statements.complete.contains("completed_at = statement_timestamp()"));
+        assert!(statements.get.contains(", statement_timestamp() FROM t"));
     }
 }

@@ -19,9 +19,14 @@ macro_rules! impl_store_api {
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let now = idem_runtime::now();
                 let biz = biz.unwrap_or("");
-                let query = sqlx::query(&self.parts.sql.stuck)
-                    .bind(Self::stamp(now - older_than))
-                    .bind(Self::stamp(now))
+                let sql = &self.parts.sql;
+                let query = Self::bind_after(
+                    sql,
+                    sqlx::query(&sql.stuck),
+                    now,
+                    crate::row::Offset::Before(older_than),
+                );
+                let query = Self::bind_now(sql, query, now)
                     .bind(biz)
                     .bind(biz)
                     .bind(i64::from(limit));
@@ -48,8 +53,8 @@ macro_rules! impl_store_api {
                 limit: u32,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let query = sqlx::query(&self.parts.sql.failed)
-                    .bind(Self::stamp(idem_runtime::now()))
+                let sql = &self.parts.sql;
+                let query = Self::bind_now(sql, sqlx::query(&sql.failed), idem_runtime::now())
                     .bind(biz)
                     .bind(biz)
                     .bind(i64::from(limit));
@@ -80,8 +85,13 @@ macro_rules! impl_store_api {
             /// tokens are listed under their namespace, `token.<biz>`.
             pub async fn stats(&self, biz: Option<&str>) -> Result<Vec<crate::BizStatus>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(&self.parts.sql.stats)
-                    .bind(Self::stamp(idem_runtime::now()))
+                let stats = sqlx::query_as(&self.parts.sql.stats);
+                let stats = if self.parts.sql.server_clock {
+                    stats
+                } else {
+                    stats.bind(Self::stamp(idem_runtime::now()))
+                };
+                let rows: Vec<(String, String, i64, i64)> = stats
                     .bind(biz)
                     .bind(biz)
                     .fetch_all(&self.parts.pool)

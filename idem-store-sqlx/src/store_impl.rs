@@ -38,6 +38,7 @@ macro_rules! impl_idempotency_store {
                         upsert: &self.parts.upsert_sql,
                         get: self.get_statement(),
                         insert: self.parts.insert_sql.as_deref(),
+                        server_clock: self.parts.sql.server_clock,
                     };
                     crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::LostRace).await
                 };
@@ -50,11 +51,10 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 lease_for: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let until = Self::stamp(now + lease_for);
+                let sql = &self.parts.sql;
                 let renew = || {
-                    sqlx::query(&self.parts.sql.renew)
-                        .bind(until.clone())
-                        .bind(until.clone())
+                    let renew = sqlx::query(&sql.renew);
+                    Self::bind_after(sql, Self::bind_after(sql, renew, now, lease_for), now, lease_for)
                 };
                 self.write_held_on_pool("renew", renew, lease).await
             }
@@ -66,7 +66,7 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let complete = || Self::finish(&self.parts.sql.complete, response, now, ttl);
+                let complete = || Self::finish(&self.parts.sql, &self.parts.sql.complete, response, now, ttl);
                 self.write_held_on_pool("complete", complete, lease).await
             }
 
@@ -77,7 +77,7 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let fail = || Self::finish(&self.parts.sql.fail, message, now, ttl);
+                let fail = || Self::finish(&self.parts.sql, &self.parts.sql.fail, message, now, ttl);
                 self.write_held_on_pool("fail", fail, lease).await
             }
 
@@ -128,6 +128,10 @@ macro_rules! impl_idempotency_store {
         }
 
         impl crate::claim::ClaimSite for crate::claim::OnConnection<'_, $store> {
+            fn on_server_clock(&self) -> bool {
+                self.server_clock
+            }
+
             fn inserts_first(&self) -> bool {
                 self.insert.is_some()
             }
@@ -137,21 +141,38 @@ macro_rules! impl_idempotency_store {
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<Option<idem_runtime::Lease>, idem_runtime::StoreError> {
                 let sql = self.insert.expect("a site that inserts first has the statement");
-                <$store as crate::dialect::Dialect>::insert_if_absent(self.conn, sql, claim).await
+                <$store as crate::dialect::Dialect>::insert_if_absent(self.conn, sql, self.server_clock, claim).await
             }
 
             async fn upsert(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<crate::dialect::Upserted, idem_runtime::StoreError> {
-                <$store as crate::dialect::Dialect>::upsert(self.conn, self.upsert, self.get, claim).await
+                <$store as crate::dialect::Dialect>::upsert(self.conn, self.upsert, self.get, self.server_clock, claim)
+                    .await
             }
 
             async fn read(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
-            ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
-                <$store>::read(&mut *self.conn, self.get, claim.biz, claim.key).await
+            ) -> Result<(Option<idem_runtime::Record>, Option<std::time::SystemTime>), idem_runtime::StoreError> {
+                let row = sqlx::query(self.get)
+                    .bind(claim.biz)
+                    .bind(claim.key)
+                    .fetch_optional(&mut *self.conn)
+                    .await
+                    .map_err(|e| crate::error::driver_error("get", e))?;
+                let Some(row) = row else { return Ok((None, None)) };
+                let record = crate::row::record_from_row::<_, <$store as crate::dialect::Dialect>::Stamp>(&row)?;
+                let read_at = if self.server_clock {
+                    Some(crate::row::read_at::<
+                        _,
+                        <$store as crate::dialect::Dialect>::Stamp,
+                    >(&row)?)
+                } else {
+                    None
+                };
+                Ok((Some(record), read_at))
             }
         }
 
@@ -215,16 +236,45 @@ macro_rules! impl_idempotency_store {
 
             /// `complete` or `fail` (`sql`) with its text, before the lease's binds.
             fn finish<'q>(
+                statements: &crate::statements::Statements,
                 sql: &'q str,
                 text: &'q str,
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
-                sqlx::query(sql)
-                    .bind(text)
-                    .bind(Self::stamp(now))
-                    .bind(Self::stamp(now))
-                    .bind(Self::stamp(now + ttl))
+                let finish = sqlx::query(sql).bind(text);
+                let finish = Self::bind_now(statements, Self::bind_now(statements, finish, now), now);
+                Self::bind_after(statements, finish, now, ttl)
+            }
+
+            /// Bind "now" where a statement has it: the caller's `now`, or nothing where
+            /// the statement reads the server's clock.
+            fn bind_now<'q>(
+                statements: &crate::statements::Statements,
+                query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+                now: std::time::SystemTime,
+            ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+                if statements.server_clock {
+                    query
+                } else {
+                    query.bind(Self::stamp(now))
+                }
+            }
+
+            /// Bind an instant `by` after `now` (before it, when `by` is negative): the
+            /// caller's instant, or the microseconds the server adds to its own.
+            fn bind_after<'q>(
+                statements: &crate::statements::Statements,
+                query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+                now: std::time::SystemTime,
+                by: impl Into<crate::row::Offset>,
+            ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+                let by = by.into();
+                if statements.server_clock {
+                    query.bind(by.micros())
+                } else {
+                    query.bind(Self::stamp(by.from(now)))
+                }
             }
 
             /// Delete the holder's record; one with steps is kept, its lease lapsed.
@@ -270,17 +320,25 @@ macro_rules! impl_idempotency_store {
 /// Bind a claim's values in the order every dialect's claim statement takes them:
 /// biz, key, fingerprint, request body, lease end, now, expiry, first fence.
 macro_rules! bind_claim {
-    ($query:expr, $claim:expr) => {
-        $query
+    ($query:expr, $server_clock:expr, $claim:expr) => {{
+        let query = $query
             .bind($claim.biz)
             .bind($claim.key)
             .bind($claim.fingerprint)
-            .bind($claim.request_body)
-            .bind(Self::stamp($claim.lease_until()))
-            .bind(Self::stamp($claim.now))
-            .bind(Self::stamp($claim.expires_at()))
-            .bind(i64::try_from($claim.first_fence()).unwrap_or(i64::MAX))
-    };
+            .bind($claim.request_body);
+        if $server_clock {
+            // On the server's clock: the lengths of the lease and of the record.
+            query
+                .bind(crate::row::micros($claim.lease))
+                .bind(crate::row::micros($claim.ttl.max($claim.lease)))
+        } else {
+            query
+                .bind(Self::stamp($claim.lease_until()))
+                .bind(Self::stamp($claim.now))
+                .bind(Self::stamp($claim.expires_at()))
+                .bind(i64::try_from($claim.first_fence()).unwrap_or(i64::MAX))
+        }
+    }};
 }
 
 pub(crate) use {bind_claim, impl_idempotency_store};

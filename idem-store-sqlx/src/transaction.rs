@@ -389,7 +389,7 @@ macro_rules! impl_transaction_database {
                     let quoted = crate::table::quoted(name, <$store>::QUOTE);
                     crate::transaction::Table {
                         sql: std::sync::Arc::new(crate::statements::Statements::new(name, &quoted, &<$store>::FLAVOR)),
-                        upsert_sql: <$store>::claim_statement(&quoted).into(),
+                        upsert_sql: <$store>::claim_statement(&quoted, &<$store>::FLAVOR).into(),
                     }
                 });
                 DEFAULT.clone()
@@ -415,6 +415,7 @@ macro_rules! impl_transaction_database {
                     // In the caller's transaction the claim statement alone decides, as it
                     // always has: its row lock is the one a duplicate waits on.
                     insert: None,
+                    server_clock: table.sql.server_clock,
                 };
                 let outcome = crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::Aborted).await;
                 let locked = matches!(&outcome, Err(error) if crate::error::caused_by(error, <$store>::is_lock_wait));
@@ -437,11 +438,11 @@ macro_rules! impl_transaction_database {
                 use crate::transaction::Write;
                 match write {
                     Write::Complete(response, now, ttl) => {
-                        let query = <$store>::finish(&table.sql.complete, response, now, ttl);
+                        let query = <$store>::finish(&table.sql, &table.sql.complete, response, now, ttl);
                         <$store>::write_held(&mut *conn, "complete", query, lease).await
                     }
                     Write::Fail(message, now, ttl) => {
-                        let query = <$store>::finish(&table.sql.fail, message, now, ttl);
+                        let query = <$store>::finish(&table.sql, &table.sql.fail, message, now, ttl);
                         <$store>::write_held(&mut *conn, "fail", query, lease).await
                     }
                     Write::Release => <$store>::release_in(conn, &table.sql, lease).await,

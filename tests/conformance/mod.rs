@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod calls;
+pub mod clock;
 pub mod database;
 pub mod faulty;
 pub mod injected;

@@ -255,10 +255,16 @@ pub async fn expired_record_runs_again(store: &Store) {
         "replayed within the ttl"
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = short_lived(store, &key, &runs).await.unwrap();
+    assert_eq!(again.0, 2, "runs again after the ttl");
+    assert!(
+        again.1 > first.1,
+        "a new life's fence is above the old one's: {again:?} after {first:?}"
+    );
     assert_eq!(
-        short_lived(store, &key, &runs).await.unwrap(),
-        (2, first.1 + 1),
-        "runs again after the ttl, fence + 1"
+        again.1,
+        life_fence(store, "conformance.short", &key).await,
+        "a new life starts at its first instant"
     );
 }
 

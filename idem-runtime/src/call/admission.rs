@@ -56,10 +56,7 @@ impl Call<'_> {
             let record = match outcome {
                 ClaimOutcome::Acquired(lease) => {
                     if self.lease_ahead(&lease, claimed_at).await? {
-                        // A takeover keeps the record's life; a fresh record or a new
-                        // life starts at this claim.
-                        let took_over = lease.created_at != claim.now;
-                        observe::claimed(&self.op.biz, lease.fence, took_over, admitting.elapsed());
+                        observe::claimed(&self.op.biz, lease.fence, lease.took_over(), admitting.elapsed());
                         return Ok(Admitted::Claimed(lease));
                     }
                     // Taken over before the body started: nothing ran; claim again.

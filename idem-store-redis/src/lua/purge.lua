@@ -1,8 +1,9 @@
--- KEYS: records found by SCAN. ARGV: 1 now. Deletes those that expired, never a
+-- KEYS: records found by SCAN. ARGV: 1 the caller's now ('' = the server's clock).
+-- Deletes those that expired, never a
 -- PROCESSING record whose lease still runs or that has none (as the SQL purges);
 -- returns how many. (On a cluster each call
 -- carries the keys of one slot.)
-local now = tonumber(ARGV[1])
+local now = now_from(ARGV[1])
 local purged = 0
 for _, k in ipairs(KEYS) do
   local h = load(k)

@@ -1,7 +1,8 @@
 -- A holder's write. KEYS[1] the record. ARGV: 1 what (renew, complete, fail, release,
--- steps), 2 fence, 3 created_at, 4 the value (new lease end, response, message,
--- steps), 5 now, 6 expires_at (complete, fail), 7 keep, 8 the writer (an id of this
--- one write call, the same on each send of it). Returns 1 when the holder's write is
+-- steps), 2 fence, 3 created_at, 4 the value (the lease's new length in µs, response,
+-- message, steps), 5 the record's length in µs from now (complete, fail), 6 keep, 7 the
+-- writer (an id of this one write call, the same on each send of it), 8 the caller's
+-- now ('' = the server's clock, which judges by default). Returns 1 when the holder's write is
 -- in the record (applied now, or already, by this same write sent twice), 0 when the
 -- record is another holder's or gone — or another write's, even of the same outcome.
 local k = KEYS[1]
@@ -12,19 +13,22 @@ local held = same_life and h.status == 'PROCESSING'
 if what == 'complete' or what == 'fail' then
   local status, field = 'SUCCESS', 'response_body'
   if what == 'fail' then status, field = 'FAIL', 'error_message' end
-  if same_life and h.status == status and h.written_by == ARGV[8] then return 1 end
+  if same_life and h.status == status and h.written_by == ARGV[7] then return 1 end
   if not held then return 0 end
-  redis.call('HSET', k, 'status', status, field, ARGV[4], 'lease_until', ARGV[5],
-    'completed_at', ARGV[5], 'expires_at', ARGV[6], 'written_by', ARGV[8])
-  keep_until(k, ARGV[6], nil, ARGV[7])
+  local now = now_from(ARGV[8])
+  local expires = fmt(now + tonumber(ARGV[5]))
+  redis.call('HSET', k, 'status', status, field, ARGV[4], 'lease_until', fmt(now),
+    'completed_at', fmt(now), 'expires_at', expires, 'written_by', ARGV[7])
+  keep_until(k, expires, nil, ARGV[6])
   return 1
 end
 if not held then return 0 end
 if what == 'renew' then
+  local lease_end = fmt(now_from(ARGV[8]) + tonumber(ARGV[4]))
   local expires = h.expires_at
-  if tonumber(ARGV[4]) > tonumber(expires) then expires = ARGV[4] end
-  redis.call('HSET', k, 'lease_until', ARGV[4], 'expires_at', expires)
-  keep_until(k, expires, ARGV[4], ARGV[7])
+  if tonumber(lease_end) > tonumber(expires) then expires = lease_end end
+  redis.call('HSET', k, 'lease_until', lease_end, 'expires_at', expires)
+  keep_until(k, expires, lease_end, ARGV[6])
 elseif what == 'steps' then
   redis.call('HSET', k, 'steps', ARGV[4])
 elseif what == 'release' then
