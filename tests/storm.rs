@@ -72,7 +72,9 @@ fn storm_worker() {
     runtime.block_on(async {
         let store = harness::open_store(&url).await;
         let effects = Effects::open(&url).await;
-        harness::sleep_until_epoch_millis(start_at).await;
+        harness::sleep_until_coordinator_millis(start_at).await;
+        // What this process's wall clock says, for the coordinator to check its skew.
+        harness::report(&format!("CLOCK {}", harness::epoch_millis()));
         let pid = std::process::id();
         let handles: Vec<_> = (0..tasks)
             .map(|task| {
@@ -106,8 +108,21 @@ fn storm_worker() {
 static ONE_STORM_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn storm(backend: &str) {
+    storm_skewed(backend, &[]);
+}
+
+/// A storm whose process `i` runs with its wall clock `skews[i]` seconds off (through
+/// libfaketime; none past the list's end).
+fn storm_skewed(backend: &str, skews: &[i64]) {
     let Some(urls) = harness::backend_url(backend, "storm") else {
         return;
+    };
+    let libfaketime = match skews {
+        [] => None,
+        _ => match harness::libfaketime() {
+            Some(path) => Some(path),
+            None => return,
+        },
     };
     // A cluster's nodes, comma-separated: worker `i` calls through node `i`.
     let nodes: Vec<String> = urls.split(',').map(str::to_owned).collect();
@@ -136,21 +151,35 @@ fn storm(backend: &str) {
                 ("STORM_TASKS", tasks.to_string()),
                 ("STORM_START_AT", start_at.to_string()),
             ];
-            harness::worker("storm", "storm_worker", &settings)
-                .spawn()
-                .expect("start a storm process")
+            let mut worker = harness::worker("storm", "storm_worker", &settings);
+            if let (Some(libfaketime), Some(&skew)) = (libfaketime, skews.get(i)) {
+                harness::skewed(&mut worker, libfaketime, skew);
+            }
+            worker.spawn().expect("start a storm process")
         })
         .collect();
     let mut outcomes: HashMap<usize, Vec<Option<String>>> = HashMap::new();
     let mut calls = 0;
-    for worker in workers {
+    for (i, worker) in workers.into_iter().enumerate() {
         let output = worker.wait_with_output().unwrap();
         assert!(output.status.success(), "a storm process failed: {:?}", output.status);
-        for line in String::from_utf8(output.stdout)
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("R "))
-        {
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        if let Some(&skew) = skews.get(i) {
+            // The worker's clock, read at the barrier, is off by its skew (give or take
+            // the time the barrier took to pass).
+            let clock: i64 = stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("CLOCK "))
+                .expect("the worker said its clock")
+                .parse()
+                .unwrap();
+            let off = clock - start_at as i64;
+            assert!(
+                (off - skew * 1000).abs() < 10_000,
+                "process {i} should run {skew} s off; its clock is {off} ms off"
+            );
+        }
+        for line in stdout.lines().filter(|l| l.starts_with("R ")) {
             let mut parts = line.splitn(4, ' ').skip(1);
             let k: usize = parts.next().unwrap().parse().unwrap();
             let outcome = match (parts.next().unwrap(), parts.next()) {
@@ -193,9 +222,14 @@ fn storm(backend: &str) {
             Some(format!("\"{}\"", rows[&format!("{run}-{k}")][0]))
         );
     }
+    let skewed = if skews.is_empty() {
+        String::new()
+    } else {
+        format!(", clocks skewed {skews:?} s")
+    };
     harness::say(&format!(
-        "storm on {backend} ({} node(s)): {processes} processes x {tasks} tasks x {keys} keys = {calls} calls in \
-         {:.1?}; {keys} business rows (one per key); {in_progress} InProgress answers; 0 double executions",
+        "storm on {backend} ({} node(s){skewed}): {processes} processes x {tasks} tasks x {keys} keys = {calls} calls \
+         in {:.1?}; {keys} business rows (one per key); {in_progress} InProgress answers; 0 double executions",
         nodes.len(),
         elapsed
     ));
@@ -226,4 +260,24 @@ fn storm_on_galera() {
 #[test]
 fn storm_on_redis() {
     storm("redis");
+}
+
+/// Hosts whose clocks disagree by minutes: one process 5 minutes behind, one on time,
+/// one 3 and one 5 minutes ahead, all on the same keys. The store's clock judges every
+/// lease: no process takes over another's running body.
+const SKEWS: [i64; 4] = [-300, 0, 180, 300];
+
+#[test]
+fn storm_with_skewed_clocks_on_postgres() {
+    storm_skewed("postgres", &SKEWS);
+}
+
+#[test]
+fn storm_with_skewed_clocks_on_mysql() {
+    storm_skewed("mysql", &SKEWS);
+}
+
+#[test]
+fn storm_with_skewed_clocks_on_redis() {
+    storm_skewed("redis", &SKEWS);
 }

@@ -162,6 +162,9 @@ mod tests {
         rounds: u32,
         upserted: U,
         stands: R,
+        /// The site's statements judge by the server's clock, which reads at this
+        /// instant (`None`: the caller's clock).
+        server_reads_at: Option<SystemTime>,
     }
 
     fn scripted<U, R>(upserted: U, stands: R) -> Scripted<U, R>
@@ -173,6 +176,7 @@ mod tests {
             rounds: 0,
             upserted,
             stands,
+            server_reads_at: None,
         }
     }
 
@@ -186,8 +190,12 @@ mod tests {
             Ok((self.upserted)(self.rounds))
         }
 
+        fn on_server_clock(&self) -> bool {
+            self.server_reads_at.is_some()
+        }
+
         async fn read(&mut self, _claim: &Claim<'_>) -> Result<(Option<Record>, Option<SystemTime>), StoreError> {
-            Ok(((self.stands)(), None))
+            Ok(((self.stands)(), self.server_reads_at))
         }
     }
 
@@ -232,5 +240,35 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(outcome, ClaimOutcome::Existing(record) if record.status == Status::Processing));
+    }
+
+    /// On a server's clock, a caller whose clock runs 5 minutes ahead sees a running
+    /// claim as lapsed: the server's refusal, and its instant for what a claim reads,
+    /// decide instead — the record is the answer, never a round again.
+    #[tokio::test]
+    async fn a_caller_ahead_of_the_servers_clock_gets_the_running_claim() {
+        let server_now = idem_runtime::now();
+        let running = claim_at(server_now).granted(None);
+        let ahead = claim_at(server_now + Duration::from_secs(300));
+        assert!(ahead.admits(&running), "by the caller's clock the lease lapsed");
+
+        // The claim statement refused, returning the record.
+        let refused_with = running.clone();
+        let mut refusing = scripted(move |_| Upserted::Refused(Some(refused_with.clone())), || None);
+        refusing.server_reads_at = Some(server_now);
+        let outcome = claim_or_read(&ahead, &mut refusing, RolledBack::LostRace)
+            .await
+            .unwrap();
+        assert_eq!(outcome, ClaimOutcome::Existing(running.clone()));
+        assert_eq!(refusing.rounds, 1);
+
+        // The claim statement refused; the record read afterwards is judged by the
+        // server's instant of that read.
+        let read = running.clone();
+        let mut reading = scripted(|_| Upserted::Refused(None), move || Some(read.clone()));
+        reading.server_reads_at = Some(server_now);
+        let outcome = claim_or_read(&ahead, &mut reading, RolledBack::LostRace).await.unwrap();
+        assert_eq!(outcome, ClaimOutcome::Existing(running));
+        assert_eq!(reading.rounds, 1);
     }
 }

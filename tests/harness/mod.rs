@@ -296,3 +296,48 @@ pub fn url_port(url: &str) -> u16 {
         .and_then(|port| port.parse().ok())
         .unwrap_or_else(|| panic!("no port in {url}"))
 }
+
+/// Debian's libfaketime (package `faketime`), multi-threaded build: preloaded into a
+/// worker, it moves that process's wall clock (`SystemTime`) and nothing else.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// libfaketime's path when this machine has it; under CI its absence fails the test
+/// (`.ci/run` installs it), elsewhere the test is skipped, and said so once.
+pub fn libfaketime() -> Option<&'static str> {
+    if std::path::Path::new(LIBFAKETIME).exists() {
+        return Some(LIBFAKETIME);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{LIBFAKETIME} is missing: CI must run the clock-skew tests (apt-get install faketime)");
+    }
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| say("NOT RUN: the clock-skew tests need libfaketime (apt-get install faketime)"));
+    None
+}
+
+/// Run `command` with its wall clock `skew_secs` seconds off this host's (ahead when
+/// positive), through libfaketime; its monotonic clock (tokio's timers) is left alone.
+/// The worker learns the skew too (`IDEM_SKEW_SECS`), to meet start barriers set by
+/// this host's clock.
+pub fn skewed(command: &mut Command, libfaketime: &str, skew_secs: i64) {
+    command
+        .env("LD_PRELOAD", libfaketime)
+        .env("FAKETIME", format!("{skew_secs:+}"))
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("IDEM_SKEW_SECS", skew_secs.to_string());
+}
+
+/// This process's clock skew as its coordinator set it (0 when none).
+pub fn own_skew_secs() -> i64 {
+    std::env::var("IDEM_SKEW_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sleep until `at` (epoch milliseconds by the coordinator's clock), on a clock
+/// skewed by [`own_skew_secs`].
+pub async fn sleep_until_coordinator_millis(at: u64) {
+    sleep_until_epoch_millis(at.saturating_add_signed(own_skew_secs() * 1000)).await;
+}
