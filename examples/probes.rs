@@ -12,7 +12,7 @@
 //! once is right), `wrong` (answers that differ from the first call's, or errors where
 //! the contract promises something else) and a note.
 
-#[path = "../tests/conformance/faulty.rs"]
+#[path = "../idem-testkit/src/conformance/faulty.rs"]
 #[allow(dead_code)]
 mod faulty;
 

@@ -284,8 +284,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The conformance suite in this crate's repository (`tests/conformance`) runs every
-//! scenario against a store; point it at yours.
+//! The crate `idem-testkit` certifies a store: `conformance_suite!` makes one test of
+//! every scenario idem's own stores pass, against yours (its docs show a whole store
+//! certified by it).
 //!
 //! # Stores and features
 //!

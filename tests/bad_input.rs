@@ -2,8 +2,8 @@
 //! nothing already recorded is lost. (Empty, oversized and control-character keys are
 //! in the conformance suite, on every store.)
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,7 +2,8 @@
 //! itself promises — replays without the store, never PROCESSING, never a record of
 //! another payload, never past `expires_at`.
 
-mod conformance;
+use idem_testkit::conformance;
+use idem_testkit::conformance_suite;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -1,8 +1,8 @@
 //! A holder killed (SIGKILL) or paused (SIGSTOP past its lease) in the middle of the
 //! body, as a real OS process, on every database.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command};

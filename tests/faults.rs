@@ -5,8 +5,8 @@
 //! is 60 s, so a body that finished while the server was down keeps trying to record
 //! its result for 30 s — longer than any outage here, even on a loaded CI machine.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::collections::HashMap;
 use std::process::Command;

@@ -8,8 +8,10 @@
 //! rollback reaches the store; each test reads the nodes' certification counters and
 //! checks that conflicts happened, so it cannot pass without meeting them.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
+#[path = "support/ci.rs"]
+mod ci;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -544,5 +546,5 @@ async fn a_node_lost_behind_its_address_loses_no_answer() {
 
 /// `.ci/start-galera <command> <node>`.
 fn galera(command: &str, node: usize) {
-    harness::ci_script("start-galera", &[command, &node.to_string()]);
+    ci::ci_script("start-galera", &[command, &node.to_string()]);
 }

@@ -1,6 +1,6 @@
 //! The conformance suite on [`idem::MemoryStore`].
 
-mod conformance;
+use idem_testkit::conformance_suite;
 
 use std::sync::Arc;
 

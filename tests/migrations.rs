@@ -4,8 +4,8 @@
 //!
 //! `IDEM_BLESS=1 cargo test --test migrations` writes the files from the stores' DDL.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::path::PathBuf;
 

@@ -12,8 +12,8 @@
 //! `IDEM_MODEL_CASES` sets the number of sequences per store (64 by default; the
 //! documented long run uses 5,000).
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

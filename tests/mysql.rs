@@ -2,7 +2,8 @@
 //! starts a throwaway MariaDB), and again through one node of a Galera cluster
 //! (`IDEM_TEST_GALERA_URLS`; `.ci/start-galera`).
 
-mod conformance;
+use idem_testkit::conformance;
+use idem_testkit::{conformance_suite, database_suite, store_clock_suite};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! What an operator sees: the `tracing` span and events of each call (captured by a
 //! subscriber layer), and every `metrics` counter after a known mix of calls.
 
-mod conformance;
+use idem_testkit::conformance;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -8,8 +8,10 @@
 //! answer, on the new primary; every call that got an error could be retried, and was;
 //! no body that finished ran again for its key.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
+#[path = "support/ci.rs"]
+mod ci;
 
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
@@ -24,7 +26,7 @@ const TASKS: usize = 8;
 /// `.ci/start-pg-standby [command]`; what it printed.
 fn pair(command: &str) -> String {
     let args: &[&str] = if command.is_empty() { &[] } else { &[command] };
-    harness::ci_script("start-pg-standby", args)
+    ci::ci_script("start-pg-standby", args)
 }
 
 fn port_of(exports: &str, var: &str) -> u16 {

@@ -1,7 +1,8 @@
 //! The conformance suite on PostgreSQL (`IDEM_TEST_POSTGRES_URL`; `.ci/start-databases`
 //! starts a throwaway server).
 
-mod conformance;
+use idem_testkit::conformance;
+use idem_testkit::{conformance_suite, database_suite, store_clock_suite};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,8 @@
 //! script sent twice, an evicting server refused, a restart without persistence
 //! (failing closed while it is down, fences going on above the old ones after).
 
-mod conformance;
+use idem_testkit::conformance;
+use idem_testkit::{conformance_suite, shared_store_suite, store_clock_suite};
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

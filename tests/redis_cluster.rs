@@ -2,8 +2,9 @@
 //! (`IDEM_TEST_REDIS_CLUSTER_URLS`, comma-separated; `.ci/start-databases` starts
 //! one): every record one key on one slot, every script on that key's primary.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
+use idem_testkit::{conformance_suite, shared_store_suite};
 
 use std::sync::Arc;
 

@@ -4,8 +4,8 @@
 //! a process 5 minutes behind replays it; a record a skewed process completes expires
 //! a TTL after the store's completion. (The skewed storms are in `tests/storm.rs`.)
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, SystemTime};

@@ -1,6 +1,7 @@
 //! The conformance suite on a SQLite file.
 
-mod conformance;
+use idem_testkit::conformance;
+use idem_testkit::{conformance_suite, database_suite};
 
 use std::sync::Arc;
 use std::time::Duration;

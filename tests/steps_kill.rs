@@ -5,8 +5,8 @@
 //! Every effect is a business row: exactly one `charge` and one `notify` row per key,
 //! and every answer names the charge of the process that was killed.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::sync::Arc;
 use std::time::Duration;

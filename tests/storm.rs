@@ -8,8 +8,8 @@
 //! row's token; a waiting caller always got it. On a Galera cluster the processes call
 //! through different nodes.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

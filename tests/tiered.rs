@@ -2,7 +2,8 @@
 //! pre-check's promises — duplicates of finished calls answered from Redis, the SQL
 //! claim the only decision, a Redis that forgets or fails costing round trips only.
 
-mod conformance;
+use idem_testkit::conformance;
+use idem_testkit::conformance_suite;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! transaction's lock, bounded by `wait`, and a claim that waited out leaves the
 //! caller's transaction usable.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 /// The application's error: its database's, its own, idem's.
 #[derive(Debug, thiserror::Error)]

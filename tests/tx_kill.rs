@@ -5,8 +5,8 @@
 //! Each key has exactly one business row, every answer a worker reported equals that
 //! row, and no record is left `PROCESSING`.
 
-mod conformance;
-mod harness;
+use idem_testkit::conformance;
+use idem_testkit::harness;
 
 use std::collections::HashMap;
 use std::io::Read;

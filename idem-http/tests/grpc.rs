@@ -5,9 +5,7 @@
 #[allow(dead_code)]
 #[path = "../../examples/grpc_payment.rs"]
 mod example;
-#[allow(dead_code)]
-#[path = "../../tests/conformance/faulty.rs"]
-mod faulty;
+use idem_testkit::conformance::faulty;
 
 use std::sync::Arc;
 use std::time::Duration;

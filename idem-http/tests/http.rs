@@ -2,11 +2,8 @@
 //! on a SQLite file and PostgreSQL: every case of the draft and of Stripe's behaviour,
 //! a storm of identical requests, and a server killed mid-request then restarted.
 
-// The workspace's shared test tools, as every store's suite uses them.
-#[path = "../../tests/conformance/mod.rs"]
-mod conformance;
-#[path = "../../tests/harness/mod.rs"]
-mod harness;
+// The shared test tools, as every store's suite uses them.
+use idem_testkit::{conformance, harness};
 
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

@@ -5,8 +5,6 @@
 //! A backend file calls `conformance_suite!(async { Option<Arc<dyn IdempotencyStore>> })`,
 //! and a database backend `database_suite!()` as well.
 
-#![allow(dead_code)]
-
 pub mod calls;
 pub mod clock;
 pub mod database;

@@ -1,8 +1,6 @@
 //! Tools of the cross-process tests: the business effect a body writes into the same
 //! database, and worker processes (this very test binary, re-run on one test).
 
-#![allow(dead_code)]
-
 pub mod failover;
 
 use std::collections::HashMap;
@@ -14,8 +12,10 @@ use sqlx::AnyPool;
 /// The application's error: its own database failing, or idem.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
+    /// idem's error.
     #[error(transparent)]
     Idem(#[from] idem::Error),
+    /// The business's own database failed.
     #[error("business write failed: {0}")]
     Effect(#[from] sqlx::Error),
 }
@@ -32,6 +32,7 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// The business table in the database at `url` (created if missing).
     pub async fn open(url: &str) -> Self {
         Self::open_waiting(url, Duration::from_secs(30)).await
     }
@@ -275,28 +276,6 @@ pub async fn forwarder(target: std::sync::Arc<std::sync::atomic::AtomicU16>) -> 
     port
 }
 
-/// Run the project's script `.ci/<script>` with `args`; what it printed on stdout.
-pub fn ci_script(script: &str, args: &[&str]) -> String {
-    let path = format!("{}/.ci/{script}", env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new("bash")
-        .arg(&path)
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{script} {args:?} failed");
-    String::from_utf8(output.stdout).unwrap()
-}
-
-/// The port of a database URL (`scheme://user@host:PORT/db`).
-pub fn url_port(url: &str) -> u16 {
-    url.rsplit(':')
-        .next()
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|port| port.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {url}"))
-}
-
 /// Debian's libfaketime (package `faketime`), multi-threaded build: preloaded into a
 /// worker, it moves that process's wall clock (`SystemTime`) and nothing else.
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -340,4 +319,13 @@ pub fn own_skew_secs() -> i64 {
 /// skewed by [`own_skew_secs`].
 pub async fn sleep_until_coordinator_millis(at: u64) {
     sleep_until_epoch_millis(at.saturating_add_signed(own_skew_secs() * 1000)).await;
+}
+
+/// The port of a database URL (`scheme://user@host:PORT/db`).
+pub fn url_port(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"))
 }

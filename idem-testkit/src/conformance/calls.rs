@@ -8,13 +8,16 @@ use std::time::Duration;
 use idem::{idempotent, IdempotencyStore};
 use serde::{Deserialize, Serialize};
 
+/// A store as the scenarios take it: shared, behind the trait.
 pub type Store = Arc<dyn IdempotencyStore>;
 
 /// The application's error type: its own failures plus idem's.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
+    /// idem's error.
     #[error(transparent)]
     Idem(#[from] idem::Error),
+    /// The bank declined the charge.
     #[error("the bank declined: {0}")]
     Declined(String),
 }
@@ -34,24 +37,33 @@ impl AppError {
 pub struct Runs(AtomicU32);
 
 impl Runs {
+    /// Count a run of the body; the count so far.
     pub fn hit(&self) -> u32 {
         self.0.fetch_add(1, Ordering::SeqCst) + 1
     }
+    /// How often the body ran.
     pub fn count(&self) -> u32 {
         self.0.load(Ordering::SeqCst)
     }
 }
 
+/// What a charge answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Receipt {
+    /// Its `charge_no`.
     pub charge_no: u32,
+    /// Its `cents`.
     pub cents: u64,
 }
 
+/// An order, a payload with a list of lines.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Order {
+    /// Its `id`.
     pub id: String,
+    /// Its `cents`.
     pub cents: u64,
+    /// Its `lines`.
     pub lines: Vec<(String, u32)>,
 }
 
@@ -65,6 +77,7 @@ pub async fn pay_waiting(store: &Store, key: &str, runs: &Runs, delay: Duration)
     })
 }
 
+/// The decorated call `pay_waiting_briefly` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.pay", store = store, wait = "200ms")]
 pub async fn pay_waiting_briefly(store: &Store, key: &str, runs: &Runs) -> Result<Receipt, AppError> {
     Ok(Receipt {
@@ -73,6 +86,7 @@ pub async fn pay_waiting_briefly(store: &Store, key: &str, runs: &Runs) -> Resul
     })
 }
 
+/// The decorated call `pay` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.pay", store = store)]
 pub async fn pay(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<Receipt, AppError> {
     tokio::time::sleep(delay).await;
@@ -82,6 +96,7 @@ pub async fn pay(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Resu
     })
 }
 
+/// The decorated call `pay_rejecting` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.pay", store = store, mode = Reject)]
 pub async fn pay_rejecting(store: &Store, key: &str, runs: &Runs) -> Result<Receipt, AppError> {
     Ok(Receipt {
@@ -90,6 +105,7 @@ pub async fn pay_rejecting(store: &Store, key: &str, runs: &Runs) -> Result<Rece
     })
 }
 
+/// The decorated call `place` the scenarios make (its options are in its attribute).
 #[idempotent(key = "order.id", biz = "conformance.order", store = store, payload = order)]
 pub async fn place(store: &Store, order: Order, runs: &Runs, delay: Duration) -> Result<u64, AppError> {
     tokio::time::sleep(delay).await;
@@ -97,6 +113,7 @@ pub async fn place(store: &Store, order: Order, runs: &Runs, delay: Duration) ->
     Ok(order.cents)
 }
 
+/// The decorated call `flaky_release` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.flaky", store = store)]
 pub async fn flaky_release(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
     let n = runs.hit();
@@ -106,6 +123,7 @@ pub async fn flaky_release(store: &Store, key: &str, runs: &Runs, fail: bool) ->
     Ok(n)
 }
 
+/// The decorated call `flaky_record` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.flaky", store = store, on_error = Record)]
 pub async fn flaky_record(store: &Store, key: &str, runs: &Runs, fail: bool) -> Result<u32, AppError> {
     let n = runs.hit();
@@ -115,6 +133,7 @@ pub async fn flaky_record(store: &Store, key: &str, runs: &Runs, fail: bool) -> 
     Ok(n)
 }
 
+/// The decorated call `short_lived` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.short", store = store, ttl = "300ms")]
 pub async fn short_lived(store: &Store, key: &str, runs: &Runs) -> Result<(u32, u64), AppError> {
     Ok((runs.hit(), idem::context().expect("inside a call").fence()))
@@ -140,22 +159,26 @@ pub async fn frozen(
     outcome.map(|n| (n, 0)).map_err(AppError::Declined)
 }
 
+/// The decorated call `frozen_release` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
 pub async fn frozen_release(store: &Store, key: &str, freeze: Duration) -> Result<(u32, u64), AppError> {
     std::thread::sleep(freeze);
     Err(AppError::Declined("gave up".into()))
 }
 
+/// The decorated call `panicking` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
 pub async fn panicking(store: &Store, key: &str) -> Result<(u32, u64), AppError> {
     panic!("the body panicked")
 }
 
+/// The decorated call `in_biz_a` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.a", store = store)]
 pub async fn in_biz_a(store: &Store, key: &str) -> Result<String, AppError> {
     Ok("a".into())
 }
 
+/// The decorated call `in_biz_b` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.b", store = store)]
 pub async fn in_biz_b(store: &Store, key: &str) -> Result<String, AppError> {
     Ok("b".into())
@@ -164,30 +187,48 @@ pub async fn in_biz_b(store: &Store, key: &str) -> Result<String, AppError> {
 /// Values that JSON round trips tend to get wrong.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Shape {
+    /// A unit variant.
     Nothing,
-    Circle { r: f64 },
+    /// A struct variant.
+    Circle {
+        /// Its radius.
+        r: f64,
+    },
+    /// A recursive variant.
     Nested(Option<Box<Shape>>),
 }
 
+/// A value of every kind JSON round trips tend to get wrong.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Awkward {
+    /// Its `none`.
     pub none: Option<u8>,
+    /// Its `zero`.
     pub zero: i64,
+    /// Its `no`.
     pub no: bool,
+    /// Its `empty`.
     pub empty: Vec<String>,
+    /// Its `big`.
     pub big: u64,
+    /// Its `small`.
     pub small: i64,
+    /// Its `float`.
     pub float: f64,
+    /// Its `shapes`.
     pub shapes: Vec<Shape>,
+    /// Its `text`.
     pub text: String,
 }
 
+/// The decorated call `echo` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.types", store = store)]
 pub async fn echo(store: &Store, key: &str, value: Awkward, runs: &Runs) -> Result<Awkward, AppError> {
     runs.hit();
     Ok(value)
 }
 
+/// The decorated call `echo_unit` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.types", store = store)]
 pub async fn echo_unit(store: &Store, key: &str, runs: &Runs) -> Result<Option<()>, AppError> {
     runs.hit();
@@ -201,6 +242,7 @@ pub async fn pay_v2(store: &Store, key: &str, runs: &Runs) -> Result<Vec<String>
     Ok(vec![])
 }
 
+/// The decorated call `notify` the scenarios make (its options are in its attribute).
 #[idempotent(key = key, biz = "conformance.context", store = store)]
 pub async fn notify(store: &Store, key: &str) -> Result<(String, String, u64, String), AppError> {
     let context = idem::context().expect("the body runs inside a context");

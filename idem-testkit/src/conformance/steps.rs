@@ -62,6 +62,7 @@ async fn repeated_step(store: &Store, key: &str, runs: &Runs) -> Result<u32, App
     Ok(first + second)
 }
 
+/// Scenario: Takeover replays finished steps.
 pub async fn takeover_replays_finished_steps(store: &Store) {
     let key = unique("steps-takeover");
     let (charges, texts) = (Runs::default(), Runs::default());
@@ -84,6 +85,7 @@ pub async fn takeover_replays_finished_steps(store: &Store) {
     assert_eq!((charges.count(), texts.count()), (1, 1));
 }
 
+/// Scenario: Released call keeps its steps.
 pub async fn released_call_keeps_its_steps(store: &Store) {
     let key = unique("steps-release");
     let (charges, texts) = (Runs::default(), Runs::default());
@@ -109,6 +111,7 @@ pub async fn released_call_keeps_its_steps(store: &Store) {
     assert_eq!(store.get(BIZ, &key).await.unwrap().unwrap().status, Status::Succeeded);
 }
 
+/// Scenario: Failed step is not recorded.
 pub async fn failed_step_is_not_recorded(store: &Store) {
     let key = unique("steps-failed");
     let runs = Runs::default();
@@ -123,6 +126,7 @@ pub async fn failed_step_is_not_recorded(store: &Store) {
     assert_eq!(runs.count(), 2);
 }
 
+/// Scenario: Step misuse is refused.
 pub async fn step_misuse_is_refused(store: &Store) {
     let runs = Runs::default();
     let outside = step("charge", async { Ok::<u32, Error>(runs.hit()) })
@@ -145,6 +149,7 @@ pub async fn step_misuse_is_refused(store: &Store) {
     );
 }
 
+/// Scenario: Stale holder cannot record steps.
 pub async fn stale_holder_cannot_record_steps(store: &Store) {
     let key = unique("steps-fence");
     let now = idem::store::now();
@@ -188,6 +193,7 @@ pub async fn stale_holder_cannot_record_steps(store: &Store) {
     );
 }
 
+/// Scenario: A new life starts without steps.
 pub async fn a_new_life_starts_without_steps(store: &Store) {
     let key = unique("steps-life");
     let long_ago = idem::store::now() - Duration::from_secs(3600);

@@ -30,6 +30,7 @@ async fn life_fence(store: &Store, biz: &str, key: &str) -> u64 {
     super::first_fence(&record(store, biz, key).await.expect("a record"))
 }
 
+/// Scenario: First call runs once and records success.
 pub async fn first_call_runs_once_and_records_success(store: &Store) {
     let key = unique("first");
     let runs = Runs::default();
@@ -53,6 +54,7 @@ pub async fn first_call_runs_once_and_records_success(store: &Store) {
     assert!(stored.expires_at > stored.completed_at.unwrap() + Duration::from_secs(23 * 3600));
 }
 
+/// Scenario: Repeat replays without running.
 pub async fn repeat_replays_without_running(store: &Store) {
     let key = unique("repeat");
     let runs = Runs::default();
@@ -63,6 +65,7 @@ pub async fn repeat_replays_without_running(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Reject mode refuses duplicates.
 pub async fn reject_mode_refuses_duplicates(store: &Store) {
     let key = unique("reject");
     let runs = Runs::default();
@@ -75,6 +78,7 @@ pub async fn reject_mode_refuses_duplicates(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Concurrent duplicates run once.
 pub async fn concurrent_duplicates_run_once(store: &Store) {
     let key = unique("storm");
     let runs = Arc::new(Runs::default());
@@ -99,6 +103,7 @@ pub async fn concurrent_duplicates_run_once(store: &Store) {
     assert!(ok >= 1, "the first caller got its receipt");
 }
 
+/// Scenario: Concurrent duplicates with wait all get the first result.
 pub async fn concurrent_duplicates_with_wait_all_get_the_first_result(store: &Store) {
     let key = unique("storm-wait");
     let runs = Arc::new(Runs::default());
@@ -119,6 +124,7 @@ pub async fn concurrent_duplicates_with_wait_all_get_the_first_result(store: &St
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Duplicate in progress gets in progress.
 pub async fn duplicate_in_progress_gets_in_progress(store: &Store) {
     let key = unique("in-progress");
     let runs = Arc::new(Runs::default());
@@ -132,6 +138,7 @@ pub async fn duplicate_in_progress_gets_in_progress(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Wait returns the first result.
 pub async fn wait_returns_the_first_result(store: &Store) {
     let key = unique("wait");
     let runs = Arc::new(Runs::default());
@@ -152,6 +159,7 @@ fn order(id: &str, cents: u64, second_line: u32) -> Order {
     }
 }
 
+/// Scenario: Payload mismatch is refused and record untouched.
 pub async fn payload_mismatch_is_refused_and_record_untouched(store: &Store) {
     let id = unique("order");
     let runs = Arc::new(Runs::default());
@@ -185,6 +193,7 @@ pub async fn payload_mismatch_is_refused_and_record_untouched(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Identical payload replays.
 pub async fn identical_payload_replays(store: &Store) {
     let id = unique("order-same");
     let runs = Runs::default();
@@ -199,6 +208,7 @@ pub async fn identical_payload_replays(store: &Store) {
     );
 }
 
+/// Scenario: On error release lets a retry run.
 pub async fn on_error_release_lets_a_retry_run(store: &Store) {
     let key = unique("release");
     let runs = Runs::default();
@@ -224,6 +234,7 @@ pub async fn on_error_release_lets_a_retry_run(store: &Store) {
     );
 }
 
+/// Scenario: On error record answers previous failed.
 pub async fn on_error_record_answers_previous_failed(store: &Store) {
     let key = unique("record");
     let runs = Runs::default();
@@ -244,6 +255,7 @@ pub async fn on_error_record_answers_previous_failed(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Expired record runs again.
 pub async fn expired_record_runs_again(store: &Store) {
     let key = unique("ttl");
     let runs = Runs::default();
@@ -268,6 +280,7 @@ pub async fn expired_record_runs_again(store: &Store) {
     );
 }
 
+/// Scenario: Cancelled holder is taken over after its lease.
 pub async fn cancelled_holder_is_taken_over_after_its_lease(store: &Store) {
     let key = unique("cancel");
     let runs = Runs::default();
@@ -291,6 +304,7 @@ pub async fn cancelled_holder_is_taken_over_after_its_lease(store: &Store) {
     );
 }
 
+/// Scenario: Panicking body leaves the claim to its lease.
 pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
     let key = unique("panic");
     let joined = {
@@ -306,6 +320,7 @@ pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
     assert_eq!(taken, (1, stored.fence + 1));
 }
 
+/// Scenario: Live holder keeps its claim past one lease.
 pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
     let key = unique("live");
     let runs = Arc::new(Runs::default());
@@ -345,6 +360,7 @@ fn on_frozen_thread<T: Send + 'static>(
     })
 }
 
+/// Scenario: Stale holder cannot complete over the new holder.
 pub async fn stale_holder_cannot_complete_over_the_new_holder(store: &Store) {
     let key = unique("stale");
     let stale = {
@@ -376,6 +392,7 @@ pub async fn stale_holder_cannot_complete_over_the_new_holder(store: &Store) {
     );
 }
 
+/// Scenario: Stale holder cannot fail or release the new record.
 pub async fn stale_holder_cannot_fail_or_release_the_new_record(store: &Store) {
     for record_failure in [true, false] {
         let key = unique("stale-err");
@@ -416,6 +433,7 @@ pub async fn stale_holder_cannot_fail_or_release_the_new_record(store: &Store) {
     }
 }
 
+/// Scenario: Bad keys are refused before the body.
 pub async fn bad_keys_are_refused_before_the_body(store: &Store) {
     let runs = Runs::default();
     let long = "k".repeat(256);
@@ -450,6 +468,7 @@ pub async fn bad_keys_are_refused_before_the_body(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Falsy looking keys are valid.
 pub async fn falsy_looking_keys_are_valid(store: &Store) {
     let runs = Runs::default();
     let prefix = unique("falsy");
@@ -461,6 +480,7 @@ pub async fn falsy_looking_keys_are_valid(store: &Store) {
     assert_eq!(runs.count(), 3);
 }
 
+/// Scenario: Biz namespaces do not share records.
 pub async fn biz_namespaces_do_not_share_records(store: &Store) {
     let key = unique("shared-key");
     assert_eq!(in_biz_a(store, &key).await.unwrap(), "a");
@@ -468,6 +488,7 @@ pub async fn biz_namespaces_do_not_share_records(store: &Store) {
     assert_eq!(in_biz_a(store, &key).await.unwrap(), "a");
 }
 
+/// Scenario: Typed results round trip exactly.
 pub async fn typed_results_round_trip_exactly(store: &Store) {
     let key = unique("types");
     let runs = Runs::default();
@@ -502,6 +523,7 @@ pub async fn typed_results_round_trip_exactly(store: &Store) {
     assert_eq!(runs.count(), 2);
 }
 
+/// Scenario: Two functions keep their own options.
 pub async fn two_functions_keep_their_own_options(store: &Store) {
     // `pay_rejecting` rejects, `pay` replays: same biz, same store, own modes.
     let key = unique("options");
@@ -516,6 +538,7 @@ pub async fn two_functions_keep_their_own_options(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Context names the claim.
 pub async fn context_names_the_claim(store: &Store) {
     let key = unique("ctx");
     let (biz, seen_key, fence, sms) = notify(store, &key).await.unwrap();
@@ -533,6 +556,7 @@ pub async fn context_names_the_claim(store: &Store) {
     assert!(idem::context().is_none(), "no context outside a call");
 }
 
+/// Scenario: Success is never taken over before its ttl.
 pub async fn success_is_never_taken_over_before_its_ttl(store: &Store) {
     let key = unique("no-takeover");
     let runs = Runs::default();
@@ -543,6 +567,7 @@ pub async fn success_is_never_taken_over_before_its_ttl(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Rejected duplicate deletes nothing.
 pub async fn rejected_duplicate_deletes_nothing(store: &Store) {
     let key = unique("in-flight");
     let runs = Arc::new(Runs::default());
@@ -566,6 +591,7 @@ async fn flaky_wait(store: &Store, key: &str, runs: &Runs) -> Result<u32, AppErr
     Ok(runs.hit())
 }
 
+/// Scenario: Undecodable response is a decode error and kept.
 pub async fn undecodable_response_is_a_decode_error_and_kept(store: &Store) {
     let key = unique("decode");
     let runs = Runs::default();
@@ -587,6 +613,7 @@ pub async fn undecodable_response_is_a_decode_error_and_kept(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// Scenario: Purge deletes only expired records in batches.
 pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
     use idem::store::{Claim, ClaimOutcome};
     let biz = unique("purge");

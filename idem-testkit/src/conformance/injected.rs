@@ -78,10 +78,14 @@ async fn echo_maybe(
     Ok(value)
 }
 
+/// A payload holding a set: its order does not matter.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Basket {
+    /// Its `id`.
     pub id: String,
+    /// Its `skus`.
     pub skus: idem::Unordered<HashSet<String>>,
+    /// Its `total`.
     pub total: u128,
 }
 

@@ -17,13 +17,21 @@ pub type Store = Arc<dyn IdempotencyStore>;
 /// A trait operation of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
+    /// `IdempotencyStore::claim`.
     Claim,
+    /// `IdempotencyStore::renew`.
     Renew,
+    /// `IdempotencyStore::complete`.
     Complete,
+    /// `IdempotencyStore::fail`.
     Fail,
+    /// `IdempotencyStore::release`.
     Release,
+    /// `IdempotencyStore::record_steps`.
     RecordSteps,
+    /// `IdempotencyStore::get`.
     Get,
+    /// `IdempotencyStore::purge_expired`.
     Purge,
 }
 
@@ -69,6 +77,7 @@ pub struct FaultyStore {
 }
 
 impl FaultyStore {
+    /// A store that passes every call to `inner` until a fault is armed.
     pub fn new(inner: &Store) -> Self {
         Self {
             inner: inner.clone(),
