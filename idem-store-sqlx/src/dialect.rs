@@ -253,6 +253,7 @@ pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError>
 }
 
 /// `store` judging leases by `clock` instead.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn judged_by<D: Dialect>(store: D, clock: LeaseClock) -> D {
     let parts = store.parts();
     on_table_judged_by(parts.pool.clone(), parts.sql.table.clone(), clock)

@@ -8,7 +8,6 @@ use idem_runtime::{Claim, Lease};
 use idem_runtime::{Record, Status, StoreError};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::error::driver_error;
 
 /// `SystemTime` as UTC, truncated to the microseconds every column keeps.

@@ -2,15 +2,17 @@
 //!
 //! Workers record every call they make ([`Call`]: key, payload, process, what it
 //! answered); the business records every effect a body made ([`Effect`]: key, the
-//! token of the call that made it, the fence it was made under, and whether it stands
-//! or was fenced out by a later holder). [`check`] reads both, with the store's final
-//! records, and finds every [`Anomaly`]:
+//! token of the call that made it, the fence it ran under, the process it ran in).
+//! [`check`] reads both, with the store's final records and the processes a fault cut
+//! off (killed, paused past their lease, partitioned from the store), and finds every
+//! [`Anomaly`]:
 //!
-//! - a key with more than one standing effect (a body ran twice), or two effects under
-//!   one fence (two bodies under one lease);
+//! - a key whose body ran more than once, beyond the runs a fault cut off (a killed
+//!   holder's effect, then its successor's, is what a lease allows; two effects of
+//!   processes no fault touched is a double execution), or two effects under one fence
+//!   (two bodies under one lease);
 //! - an `Ok` answer other than the key's first `Ok` answer;
-//! - an `Ok` answer with no standing effect behind it, or a key whose standing effect
-//!   no caller was ever answered with while the record says it succeeded otherwise;
+//! - an `Ok` answer with no effect behind it;
 //! - an `Ok` answer to a call whose payload was not the key's first payload;
 //! - a success lost: an `Ok` answer whose key's record is gone, not `SUCCESS`, or
 //!   holds another answer.
@@ -23,13 +25,13 @@
 //!     Call::new("k1", "p", "w2", Answer::Ok("t1".into())),
 //!     Call::new("k1", "other", "w2", Answer::PayloadMismatch),
 //! ];
-//! let effects = vec![Effect { key: "k1".into(), token: "t1".into(), fence: 7, standing: true }];
+//! let effects = vec![Effect { key: "k1".into(), token: "t1".into(), fence: 7, process: "w1".into() }];
 //! let records = [("k1".to_owned(), Some("t1".to_owned()))].into();
-//! let verdict = check(&calls, &effects, &records);
+//! let verdict = check(&calls, &effects, &records, &Default::default());
 //! assert!(verdict.anomalies.is_empty(), "{verdict}");
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -85,9 +87,8 @@ pub struct Effect {
     pub token: String,
     /// The fence it was made under.
     pub fence: u64,
-    /// Whether it stands: committed with the record (transactional mode), or the
-    /// effect of the highest fence, which a fenced-out holder cannot overwrite.
-    pub standing: bool,
+    /// The process whose body made it.
+    pub process: String,
 }
 
 /// Something the history shows that idem promises never happens. Each names the
@@ -95,13 +96,14 @@ pub struct Effect {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(missing_docs)] // the fields are named in each variant's text
 pub enum Anomaly {
-    /// More than one effect of `key` stands (`tokens`): its body ran twice.
+    /// `key`'s body made these effects (`tokens`) in processes no fault cut off: it
+    /// ran twice.
     EffectTwice { key: String, tokens: Vec<String> },
     /// Two effects of `key` under one `fence`: two bodies under one lease.
     OneFenceTwice { key: String, fence: u64 },
     /// A caller of `key` got `got`, not the first answer `first`.
     AnswerNotFirst { key: String, first: String, got: String },
-    /// A caller of `key` got `answer`, and no standing effect is behind it.
+    /// A caller of `key` got `answer`, and no effect is behind it.
     AnswerWithoutEffect { key: String, answer: String },
     /// A call of `key` with another `payload` than its first got `answer`.
     OtherPayloadAnswered {
@@ -134,8 +136,9 @@ pub struct Verdict {
     pub lease_lost: usize,
     /// Calls cut off by a fault.
     pub failed: usize,
-    /// Effects fenced out by a later holder (a killed or paused body's).
-    pub fenced_out: usize,
+    /// Effects of bodies a fault cut off, run again by a later holder (what a lease
+    /// allows of a killed or paused holder).
+    pub cut_off: usize,
     /// Everything idem promises never happens, that did.
     pub anomalies: Vec<Anomaly>,
 }
@@ -153,7 +156,7 @@ impl fmt::Display for Verdict {
         writeln!(f, "{verdict}: {} anomalies", self.anomalies.len())?;
         writeln!(
             f,
-            "| calls | keys | ok | in progress | payload mismatch | lease lost | failed | fenced-out effects |"
+            "| calls | keys | ok | in progress | payload mismatch | lease lost | failed | cut-off runs |"
         )?;
         writeln!(f, "|---|---|---|---|---|---|---|---|")?;
         writeln!(
@@ -166,7 +169,7 @@ impl fmt::Display for Verdict {
             self.payload_mismatch,
             self.lease_lost,
             self.failed,
-            self.fenced_out
+            self.cut_off
         )?;
         for anomaly in &self.anomalies {
             writeln!(f, "- {anomaly:?}")?;
@@ -176,10 +179,15 @@ impl fmt::Display for Verdict {
 }
 
 /// Judge a history: `calls` as the workers recorded them, `effects` as the business
-/// holds them, and `records`, each key's final record's answer (`None` when the record
-/// is gone or not `SUCCESS`). A key's first payload is the one its first `Ok` answer
-/// was given to, else its first call's.
-pub fn check(calls: &[Call], effects: &[Effect], records: &HashMap<String, Option<String>>) -> Verdict {
+/// holds them, `records`, each key's final record's answer (`None` when the record is
+/// gone or not `SUCCESS`), and the processes a fault `cut_off`. A key's first payload
+/// is the one its first `Ok` answer was given to.
+pub fn check(
+    calls: &[Call],
+    effects: &[Effect],
+    records: &HashMap<String, Option<String>>,
+    cut_off: &HashSet<String>,
+) -> Verdict {
     let mut verdict = Verdict {
         calls: calls.len(),
         ..Verdict::default()
@@ -196,13 +204,31 @@ pub fn check(calls: &[Call], effects: &[Effect], records: &HashMap<String, Optio
         }
     }
     verdict.keys = by_key.len();
-    let mut effects_of: HashMap<&str, Vec<&Effect>> = HashMap::new();
+    let mut effects_of: BTreeMap<&str, Vec<&Effect>> = BTreeMap::new();
     for effect in effects {
         effects_of.entry(&effect.key).or_default().push(effect);
     }
+    let answers: HashMap<&str, &String> = by_key
+        .iter()
+        .filter_map(|(key, calls)| {
+            calls.iter().find_map(|call| match &call.answer {
+                Answer::Ok(token) => Some((*key, token)),
+                _ => None,
+            })
+        })
+        .collect();
     for (key, effects) in &effects_of {
-        let standing: Vec<&Effect> = effects.iter().copied().filter(|e| e.standing).collect();
-        verdict.fenced_out += effects.len() - standing.len();
+        // The answered run stands; every other run must be one a fault cut off. With
+        // no answer, one run may stand.
+        let answered = answers.get(key);
+        let mut standing: Vec<&Effect> = Vec::new();
+        for effect in effects {
+            if answered.is_some_and(|token| *token == &effect.token) || !cut_off.contains(&effect.process) {
+                standing.push(effect);
+            } else {
+                verdict.cut_off += 1;
+            }
+        }
         if standing.len() > 1 {
             verdict.anomalies.push(Anomaly::EffectTwice {
                 key: (*key).to_owned(),
@@ -219,13 +245,13 @@ pub fn check(calls: &[Call], effects: &[Effect], records: &HashMap<String, Optio
         }
     }
     for (key, calls) in by_key {
-        let first_ok = calls.iter().find_map(|call| match &call.answer {
-            Answer::Ok(token) => Some((token, &call.payload)),
-            _ => None,
-        });
-        let Some((first, first_payload)) = first_ok else {
+        let Some(first) = answers.get(key).copied() else {
             continue;
         };
+        let first_payload = calls
+            .iter()
+            .find(|call| matches!(&call.answer, Answer::Ok(_)))
+            .map(|call| &call.payload);
         for call in &calls {
             let Answer::Ok(got) = &call.answer else { continue };
             if got != first {
@@ -235,7 +261,7 @@ pub fn check(calls: &[Call], effects: &[Effect], records: &HashMap<String, Optio
                     got: got.clone(),
                 });
             }
-            if &call.payload != first_payload {
+            if Some(&call.payload) != first_payload {
                 verdict.anomalies.push(Anomaly::OtherPayloadAnswered {
                     key: key.to_owned(),
                     payload: call.payload.clone(),
@@ -243,10 +269,10 @@ pub fn check(calls: &[Call], effects: &[Effect], records: &HashMap<String, Optio
                 });
             }
         }
-        let stands = effects_of
+        let behind = effects_of
             .get(key)
-            .is_some_and(|effects| effects.iter().any(|e| e.standing && &e.token == first));
-        if !stands {
+            .is_some_and(|effects| effects.iter().any(|e| &e.token == first));
+        if !behind {
             verdict.anomalies.push(Anomaly::AnswerWithoutEffect {
                 key: key.to_owned(),
                 answer: first.clone(),
@@ -268,12 +294,12 @@ pub fn check(calls: &[Call], effects: &[Effect], records: &HashMap<String, Optio
 mod tests {
     use super::*;
 
-    fn effect(key: &str, token: &str, fence: u64, standing: bool) -> Effect {
+    fn effect(key: &str, token: &str, fence: u64, process: &str) -> Effect {
         Effect {
             key: key.into(),
             token: token.into(),
             fence,
-            standing,
+            process: process.into(),
         }
     }
 
@@ -290,13 +316,13 @@ mod tests {
             Call::new("ghost", "p", "w1", Answer::Ok("g".into())),
         ];
         let effects = vec![
-            effect("twice", "a", 1, true),
-            effect("twice", "b", 2, true),
-            effect("other", "x", 1, true),
-            effect("payload", "q", 1, true),
-            effect("lost", "l", 1, true),
-            effect("fence", "f1", 5, false),
-            effect("fence", "f2", 5, true),
+            effect("twice", "a", 1, "w1"),
+            effect("twice", "b", 2, "w2"),
+            effect("other", "x", 1, "w1"),
+            effect("payload", "q", 1, "w1"),
+            effect("lost", "l", 1, "w1"),
+            effect("fence", "f1", 5, "w1"),
+            effect("fence", "f2", 5, "w3"),
         ];
         let records: HashMap<String, Option<String>> = [
             ("twice", Some("a")),
@@ -308,7 +334,9 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.map(str::to_owned)))
         .collect();
-        let verdict = check(&calls, &effects, &records);
+        // w3 was cut off: its run of `fence` is excused, not its fence shared with w1's.
+        let cut_off = ["w3".to_owned()].into();
+        let verdict = check(&calls, &effects, &records, &cut_off);
         let kinds: Vec<String> = verdict
             .anomalies
             .iter()
@@ -325,7 +353,7 @@ mod tests {
             assert!(kinds.iter().any(|k| k == kind), "{kind} not found: {verdict}");
         }
         assert!(!verdict.valid());
-        assert_eq!(verdict.fenced_out, 1);
+        assert_eq!(verdict.cut_off, 1);
     }
 
     /// A history with faults but no anomaly is valid: fenced-out effects, lost leases,
@@ -340,13 +368,18 @@ mod tests {
             Call::new("k", "p2", "w4#1", Answer::PayloadMismatch),
             Call::new("j", "p", "w2#1", Answer::LeaseLost),
         ];
-        let effects = vec![effect("k", "t1", 10, false), effect("k", "t2", 11, true)];
+        // w1's first incarnation was killed mid-body; w3 took the key over and answered.
+        let effects = vec![effect("k", "t1", 10, "w1#1"), effect("k", "t2", 11, "w3#1")];
         let records = [("k".to_owned(), Some("t2".to_owned()))].into();
-        let verdict = check(&calls, &effects, &records);
+        let cut_off = ["w1#1".to_owned()].into();
+        let verdict = check(&calls, &effects, &records, &cut_off);
         assert!(verdict.valid(), "{verdict}");
-        assert_eq!(
-            (verdict.calls, verdict.keys, verdict.ok, verdict.fenced_out),
-            (6, 2, 2, 1)
+        assert_eq!((verdict.calls, verdict.keys, verdict.ok, verdict.cut_off), (6, 2, 2, 1));
+        // Had no fault touched w1, its run and w3's are a double execution.
+        let verdict = check(&calls, &effects, &records, &HashSet::new());
+        assert!(
+            matches!(verdict.anomalies.as_slice(), [Anomaly::EffectTwice { .. }]),
+            "{verdict}"
         );
     }
 }

@@ -2,6 +2,7 @@
 //! database, and worker processes (this very test binary, re-run on one test).
 
 pub mod failover;
+pub mod link;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
@@ -83,7 +84,57 @@ impl Effects {
         if let Err(error) = created {
             assert!(error.to_string().contains("duplicate key"), "{error}");
         }
+        let created = sqlx::query(CREATE_RUNS).execute(&effects.pool).await;
+        if let Err(error) = created {
+            assert!(error.to_string().contains("duplicate key"), "{error}");
+        }
         effects
+    }
+
+    /// A body's run of `key` in `process`, under `fence`, answering `token`: one row of
+    /// `chaos_effect`, for the chaos checker.
+    pub async fn record_run(
+        &self,
+        run: &str,
+        key: &str,
+        token: &str,
+        fence: u64,
+        process: &str,
+    ) -> Result<(), sqlx::Error> {
+        let insert = self.run_insert();
+        sqlx::query(&insert)
+            .bind(run)
+            .bind(key)
+            .bind(token)
+            .bind(i64::try_from(fence).unwrap_or(i64::MAX))
+            .bind(process)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+
+    /// The statement of [`record_run`](Self::record_run), in this database's
+    /// placeholders, for a body that writes its run in its own transaction.
+    pub fn run_insert(&self) -> String {
+        self.sql("INSERT INTO chaos_effect (run_id, k, token, fence, process) VALUES (?, ?, ?, ?, ?)")
+    }
+
+    /// Every body's run in `run`, as the chaos checker reads them.
+    pub async fn runs(&self, run: &str) -> Vec<crate::chaos::Effect> {
+        let select = "SELECT k, token, fence, process FROM chaos_effect WHERE run_id = ?";
+        let rows: Vec<(String, String, i64, String)> = sqlx::query_as(&self.sql(select))
+            .bind(run)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap();
+        rows.into_iter()
+            .map(|(key, token, fence, process)| crate::chaos::Effect {
+                key,
+                token,
+                fence: u64::try_from(fence).unwrap_or_default(),
+                process,
+            })
+            .collect()
     }
 
     fn sql(&self, text: &str) -> String {
@@ -140,6 +191,10 @@ impl Effects {
         by_key
     }
 }
+
+/// The table of bodies' runs a chaos run writes (`Effects::record_run`).
+const CREATE_RUNS: &str = "CREATE TABLE IF NOT EXISTS chaos_effect (run_id VARCHAR(128) NOT NULL, \
+     k VARCHAR(255) NOT NULL, token VARCHAR(255) NOT NULL, fence BIGINT NOT NULL, process VARCHAR(64) NOT NULL)";
 
 /// The store at `url`: Redis for `redis://`, else the SQL store of the URL's kind
 /// (its table migrated).

@@ -1,0 +1,523 @@
+//! The chaos suite: worker processes call shared keys through `#[idempotent]` while
+//! faults land on a schedule; every call and every body's run is recorded, and the
+//! checker (`idem_testkit::chaos`) judges the history at the end.
+//!
+//! ```sh
+//! eval "$(.ci/start-databases)"
+//! cargo run --release --example chaos -- --store "$IDEM_TEST_POSTGRES_URL" --seconds 60 \
+//!     --faults kill,pause,partition,restart,skew \
+//!     --restart "bash .ci/start-databases stop-postgres; bash .ci/start-databases start-postgres"
+//! ```
+//!
+//! Workers (`--workers`, each with `--tasks` concurrent callers) call `--keys` keys at
+//! random, one call in 25 with another payload. Even keys run in leased mode (the body
+//! writes its run into the business table), odd keys in transactional mode on a SQL
+//! store (the run is written in the transaction that records the answer). Faults, each
+//! in turn, one every `--every-ms`: `kill` (SIGKILL a worker, start it again), `pause` (SIGSTOP a
+//! worker past its lease, then SIGCONT), `partition` (cut a worker's link to the store
+//! past its lease, then heal it), `restart` (run the `--restart` command: the store's
+//! server stopped and started), `skew` (step a worker's wall clock by minutes through
+//! libfaketime; every worker starts with a clock of its own when `skew` is on).
+//!
+//! It prints the checker's verdict and a table of the faults, and exits 1 when the
+//! history holds an anomaly. Bodies a kill, pause or partition cut off may run again
+//! (the lease allows it); no other body may, and no caller may get another answer than
+//! the first.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use idem::sqlx;
+use idem::{idempotent, IdempotencyStore};
+use idem_testkit::chaos::{check, Answer, Call};
+use idem_testkit::harness::{self, link::Link, AppError, Effects};
+use rand::seq::IndexedRandom;
+use rand::Rng;
+
+type Store = Arc<dyn IdempotencyStore>;
+
+/// The lease of leased-mode calls: faults that cut a worker off last longer.
+const LEASE: Duration = Duration::from_secs(4);
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Run idem under faults and check the history")]
+struct Args {
+    /// The store: sqlite://, postgres://, mysql:// or redis://.
+    #[arg(long)]
+    store: String,
+    /// How long the workload runs.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Worker processes.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Concurrent callers in each worker.
+    #[arg(long, default_value_t = 4)]
+    tasks: usize,
+    /// Keys the callers share (each runs once, then is replayed: enough of them keep
+    /// bodies running while faults land).
+    #[arg(long, default_value_t = 1000)]
+    keys: usize,
+    /// Faults to inject: kill, pause, partition, restart, skew.
+    #[arg(long, value_delimiter = ',', default_value = "kill,pause,partition,skew")]
+    faults: Vec<String>,
+    /// A shell command that stops and starts the store's server (for `restart`).
+    #[arg(long)]
+    restart: Option<String>,
+    /// Milliseconds between faults.
+    #[arg(long, default_value_t = 2000)]
+    every_ms: u64,
+}
+
+/// The worker's settings, from its environment.
+struct Worker {
+    url: String,
+    effects_url: String,
+    run: String,
+    process: String,
+    keys: usize,
+    tasks: usize,
+    until: Instant,
+    history: PathBuf,
+}
+
+#[idempotent(key = key, biz = "chaos", store = store, payload = payload, lease = "4s", wait = "30s")]
+async fn leased(
+    store: &Store,
+    effects: &Effects,
+    run: &str,
+    key: &str,
+    payload: &str,
+    token: String,
+    process: &str,
+) -> Result<String, AppError> {
+    let fence = idem::context().expect("inside a call").fence();
+    effects.record_run(run, key, &token, fence, process).await?;
+    tokio::time::sleep(body_time(&token)).await;
+    Ok(token)
+}
+
+/// Transactional mode: the run is written in the transaction that claims the key and
+/// records its answer, on PostgreSQL and on MariaDB.
+macro_rules! transactional {
+    ($name:ident, $db:ty) => {
+        #[idempotent(key = key, biz = "chaos.tx", tx = tx, payload = payload, wait = "30s")]
+        async fn $name(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            insert: &str,
+            run: &str,
+            key: &str,
+            payload: &str,
+            token: String,
+            process: &str,
+        ) -> Result<String, AppError> {
+            let fence = idem::context().expect("inside a call").fence();
+            sqlx::query(insert)
+                .bind(run)
+                .bind(key)
+                .bind(&token)
+                .bind(i64::try_from(fence).unwrap_or(i64::MAX))
+                .bind(process)
+                .execute(&mut **tx)
+                .await?;
+            tokio::time::sleep(body_time(&token)).await;
+            Ok(token)
+        }
+    };
+}
+transactional!(transactional_pg, sqlx::Postgres);
+transactional!(transactional_my, sqlx::MySql);
+
+/// A pool for transactional calls, when the store is PostgreSQL or MariaDB.
+enum TxPool {
+    Postgres(sqlx::PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+impl TxPool {
+    async fn open(url: &str) -> Option<TxPool> {
+        let options = |max| (max, Duration::from_secs(3));
+        let (max, acquire) = options(8);
+        if url.starts_with("postgres") {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(max)
+                .acquire_timeout(acquire);
+            Some(TxPool::Postgres(pool.connect_lazy(url).ok()?))
+        } else if url.starts_with("mysql") {
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(max)
+                .acquire_timeout(acquire);
+            Some(TxPool::MySql(pool.connect_lazy(url).ok()?))
+        } else {
+            None
+        }
+    }
+
+    async fn call(
+        &self,
+        insert: &str,
+        run: &str,
+        key: &str,
+        payload: &str,
+        token: String,
+        process: &str,
+    ) -> Result<String, AppError> {
+        match self {
+            TxPool::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let answer = transactional_pg(&mut tx, insert, run, key, payload, token, process).await?;
+                tx.commit().await?;
+                Ok(answer)
+            }
+            TxPool::MySql(pool) => {
+                let mut tx = pool.begin().await?;
+                let answer = transactional_my(&mut tx, insert, run, key, payload, token, process).await?;
+                tx.commit().await?;
+                Ok(answer)
+            }
+        }
+    }
+}
+
+/// How long a body works: 20–200 ms, so duplicates and faults meet it running.
+fn body_time(token: &str) -> Duration {
+    let spread = token
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    Duration::from_millis(20 + spread % 180)
+}
+
+fn answer_of(outcome: Result<String, AppError>) -> Answer {
+    match outcome {
+        Ok(token) => Answer::Ok(token),
+        Err(AppError::Idem(idem::Error::InProgress { .. })) => Answer::InProgress,
+        Err(AppError::Idem(idem::Error::PayloadMismatch { .. })) => Answer::PayloadMismatch,
+        Err(AppError::Idem(idem::Error::LeaseLost { .. })) => Answer::LeaseLost,
+        Err(error) => Answer::Failed(error.to_string()),
+    }
+}
+
+/// A worker process: its callers call keys at random until its time is up, each call
+/// written to its history file as it ends.
+fn work(worker: Worker) {
+    let runtime = harness::worker_runtime();
+    runtime.block_on(async {
+        let store = harness::open_store(&worker.url).await;
+        let effects = Effects::open(&worker.effects_url).await;
+        let tx_pool = Arc::new(TxPool::open(&worker.url).await);
+        let insert = Arc::new(effects.run_insert());
+        let history = Arc::new(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&worker.history)
+                .unwrap(),
+        ));
+        let worker = Arc::new(worker);
+        let callers: Vec<_> = (0..worker.tasks)
+            .map(|task| {
+                let (store, effects, tx_pool, insert, history, worker) = (
+                    store.clone(),
+                    effects.clone(),
+                    tx_pool.clone(),
+                    insert.clone(),
+                    history.clone(),
+                    worker.clone(),
+                );
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    while Instant::now() < worker.until {
+                        n += 1;
+                        let (k, other) = {
+                            let mut rng = rand::rng();
+                            (rng.random_range(0..worker.keys), rng.random_ratio(1, 25))
+                        };
+                        let key = format!("{}-{k}", worker.run);
+                        let payload = if other { "other" } else { "first" };
+                        let token = format!("{}.{task}.{n}", worker.process);
+                        let outcome = match tx_pool.as_ref() {
+                            Some(pool) if k % 2 == 1 => {
+                                pool.call(&insert, &worker.run, &key, payload, token, &worker.process)
+                                    .await
+                            }
+                            _ => leased(&store, &effects, &worker.run, &key, payload, token, &worker.process).await,
+                        };
+                        let call = Call::new(&key, payload, &worker.process, answer_of(outcome));
+                        let line = serde_json::to_string(&call).unwrap();
+                        let mut file = history.lock().unwrap();
+                        writeln!(file, "{line}").unwrap();
+                        file.flush().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for caller in callers {
+            let _ = caller.await;
+        }
+    });
+}
+
+/// The coordinator's view of one worker slot.
+struct Slot {
+    child: Child,
+    process: String,
+    incarnation: u32,
+    link: Option<Link>,
+    clock: PathBuf,
+}
+
+/// A URL with its port replaced by `port`.
+fn through(url: &str, port: u16) -> String {
+    let original = harness::url_port(url);
+    url.replacen(&format!(":{original}"), &format!(":{port}"), 1)
+}
+
+struct Coordinator {
+    args: Args,
+    run: String,
+    dir: PathBuf,
+    libfaketime: Option<&'static str>,
+    until: Instant,
+}
+
+impl Coordinator {
+    fn spawn(&self, i: usize, incarnation: u32, link: &Option<Link>, clock: &Path) -> Child {
+        let process = format!("w{i}#{incarnation}");
+        let url = link
+            .as_ref()
+            .map_or(self.args.store.clone(), |link| through(&self.args.store, link.port()));
+        let remaining = self.until.saturating_duration_since(Instant::now());
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .env("IDEM_CHAOS_WORKER", "1")
+            .env("CHAOS_URL", url)
+            .env("CHAOS_EFFECTS_URL", &self.args.store)
+            .env("CHAOS_RUN", &self.run)
+            .env("CHAOS_PROCESS", &process)
+            .env("CHAOS_KEYS", self.args.keys.to_string())
+            .env("CHAOS_TASKS", self.args.tasks.to_string())
+            .env("CHAOS_MILLIS", remaining.as_millis().to_string())
+            .env("CHAOS_HISTORY", self.dir.join(format!("history-{process}.jsonl")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(libfaketime) = self.libfaketime {
+            // The worker's clock offset is read from a file, again every second: a
+            // clock step is a write to it.
+            command
+                .env("LD_PRELOAD", libfaketime)
+                .env("FAKETIME_TIMESTAMP_FILE", clock)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        command.spawn().expect("start a chaos worker")
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([name, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {name} failed");
+}
+
+fn main() {
+    if std::env::var_os("IDEM_CHAOS_WORKER").is_some() {
+        let setting = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("worker without {name}"));
+        return work(Worker {
+            url: setting("CHAOS_URL"),
+            effects_url: setting("CHAOS_EFFECTS_URL"),
+            run: setting("CHAOS_RUN"),
+            process: setting("CHAOS_PROCESS"),
+            keys: setting("CHAOS_KEYS").parse().unwrap(),
+            tasks: setting("CHAOS_TASKS").parse().unwrap(),
+            until: Instant::now() + Duration::from_millis(setting("CHAOS_MILLIS").parse().unwrap()),
+            history: setting("CHAOS_HISTORY").into(),
+        });
+    }
+    let args = Args::parse();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _guard = runtime.enter();
+    let run = format!("chaos-{}-{}", std::process::id(), harness::epoch_millis());
+    let dir = std::env::temp_dir().join(&run);
+    std::fs::create_dir_all(&dir).unwrap();
+    let faults: HashSet<&str> = args.faults.iter().map(String::as_str).collect();
+    for fault in &faults {
+        assert!(
+            ["kill", "pause", "partition", "restart", "skew"].contains(fault),
+            "unknown fault `{fault}`: use kill, pause, partition, restart, skew"
+        );
+    }
+    assert!(
+        !faults.contains("restart") || args.restart.is_some(),
+        "the `restart` fault needs --restart (a command that stops and starts the store's server)"
+    );
+    let libfaketime = if faults.contains("skew") {
+        Some(harness::libfaketime().expect("the `skew` fault needs libfaketime (apt-get install faketime)"))
+    } else {
+        None
+    };
+    // The store's table and the business table, made before any worker starts.
+    let (store, effects) =
+        runtime.block_on(async { (harness::open_store(&args.store).await, Effects::open(&args.store).await) });
+    let partitions = faults.contains("partition") && !args.store.starts_with("sqlite");
+    let coordinator = Coordinator {
+        until: Instant::now() + Duration::from_secs(args.seconds),
+        args: args.clone(),
+        run: run.clone(),
+        dir: dir.clone(),
+        libfaketime,
+    };
+    let started = Instant::now();
+    let mut slots: Vec<Slot> = (0..args.workers)
+        .map(|i| {
+            let link = partitions.then(|| runtime.block_on(Link::to(harness::url_port(&args.store))));
+            let clock = dir.join(format!("clock-{i}"));
+            // Every worker starts with a clock of its own, minutes apart.
+            let skew = if libfaketime.is_some() {
+                [-300, -60, 0, 60, 300][i % 5]
+            } else {
+                0
+            };
+            std::fs::write(&clock, format!("{skew:+}")).unwrap();
+            let child = coordinator.spawn(i, 1, &link, &clock);
+            Slot {
+                child,
+                process: format!("w{i}#1"),
+                incarnation: 1,
+                link,
+                clock,
+            }
+        })
+        .collect();
+
+    let mut cut_off: HashSet<String> = HashSet::new();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    let enabled: Vec<&str> = ["kill", "pause", "partition", "restart", "skew"]
+        .into_iter()
+        .filter(|f| faults.contains(f) && (*f != "partition" || partitions))
+        .collect();
+    while Instant::now() + Duration::from_millis(args.every_ms) < coordinator.until && !enabled.is_empty() {
+        std::thread::sleep(Duration::from_millis(args.every_ms));
+        // Each fault in turn, on a worker drawn at random.
+        let fault = enabled[counts.values().sum::<usize>() % enabled.len()];
+        let i = rand::rng().random_range(0..slots.len());
+        let slot = &mut slots[i];
+        match fault {
+            "kill" => {
+                signal(&slot.child, "-KILL");
+                let _ = slot.child.wait();
+                cut_off.insert(slot.process.clone());
+                slot.incarnation += 1;
+                slot.process = format!("w{i}#{}", slot.incarnation);
+                slot.child = coordinator.spawn(i, slot.incarnation, &slot.link, &slot.clock);
+            }
+            "pause" => {
+                signal(&slot.child, "-STOP");
+                cut_off.insert(slot.process.clone());
+                std::thread::sleep(LEASE + LEASE / 2);
+                signal(&slot.child, "-CONT");
+            }
+            "partition" => {
+                let link = slot.link.as_ref().expect("a partitioned worker has a link");
+                link.cut();
+                cut_off.insert(slot.process.clone());
+                std::thread::sleep(LEASE + LEASE / 2);
+                link.heal();
+            }
+            "restart" => {
+                let command = args.restart.as_deref().unwrap();
+                let status = Command::new("bash")
+                    .args(["-c", command])
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap();
+                assert!(status.success(), "the restart command failed: {command}");
+            }
+            "skew" => {
+                let step = *[-300i64, -180, -60, 60, 180, 300].choose(&mut rand::rng()).unwrap();
+                std::fs::write(&slot.clock, format!("{step:+}")).unwrap();
+            }
+            _ => unreachable!(),
+        }
+        *counts.entry(fault).or_default() += 1;
+    }
+    for slot in &mut slots {
+        // A worker still running well past the end is stuck: killed, and its calls cut off.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while slot.child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if slot.child.try_wait().unwrap().is_none() {
+            signal(&slot.child, "-KILL");
+            let _ = slot.child.wait();
+            cut_off.insert(slot.process.clone());
+        }
+    }
+    let elapsed = started.elapsed();
+
+    let mut calls = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            for line in std::io::BufReader::new(std::fs::File::open(&path).unwrap()).lines() {
+                calls.push(serde_json::from_str::<Call>(&line.unwrap()).unwrap());
+            }
+        }
+    }
+    let runs = runtime.block_on(effects.runs(&run));
+    let keys: HashSet<&str> = calls.iter().map(|c| c.key.as_str()).collect();
+    let records: HashMap<String, Option<String>> = runtime.block_on(async {
+        let mut records = HashMap::new();
+        for key in keys {
+            let k: usize = key.rsplit('-').next().unwrap().parse().unwrap();
+            let biz = if k % 2 == 1 && !args.store.starts_with("redis") && !args.store.starts_with("sqlite") {
+                "chaos.tx"
+            } else {
+                "chaos"
+            };
+            let record = store.get(biz, key).await.unwrap();
+            let answer = record
+                .filter(|r| r.status == idem::Status::Succeeded)
+                .and_then(|r| r.response_body)
+                .and_then(|body| serde_json::from_str::<String>(&body).ok());
+            records.insert(key.to_owned(), answer);
+        }
+        records
+    });
+    let verdict = check(&calls, &runs, &records, &cut_off);
+    println!(
+        "chaos on {}: {} workers x {} tasks, {} keys, {:.0?}",
+        redacted(&args.store),
+        args.workers,
+        args.tasks,
+        args.keys,
+        elapsed
+    );
+    println!("| kills | pauses | partitions | restarts | clock steps |");
+    println!("|---|---|---|---|---|");
+    let count = |fault| counts.get(fault).copied().unwrap_or(0);
+    println!(
+        "| {} | {} | {} | {} | {} |",
+        count("kill"),
+        count("pause"),
+        count("partition"),
+        count("restart"),
+        count("skew")
+    );
+    print!("{verdict}");
+    let _ = std::fs::remove_dir_all(&dir);
+    if !verdict.valid() {
+        std::process::exit(1);
+    }
+}
+
+/// The URL without its password.
+fn redacted(url: &str) -> String {
+    idem::store::redacted_url(url)
+}
