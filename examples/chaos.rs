@@ -10,9 +10,10 @@
 //! ```
 //!
 //! Workers (`--workers`, each with `--tasks` concurrent callers) call `--keys` keys at
-//! random, one call in 25 with another payload. Even keys run in leased mode (the body
-//! writes its run into the business table), odd keys in transactional mode on a SQL
-//! store (the run is written in the transaction that records the answer). Faults, each
+//! random, one call in 25 with another payload. A third of the keys run in leased mode
+//! (the body writes its run into the business table), a third in transactional mode on
+//! a SQL store (the run is written in the transaction that records the answer; leased
+//! elsewhere), a third with steps (the run, then a notification, each a step). Faults, each
 //! in turn, one every `--every-ms`: `kill` (SIGKILL a worker, start it again), `pause` (SIGSTOP a
 //! worker past its lease, then SIGCONT), `partition` (cut a worker's link to the store
 //! past its lease, then heal it), `restart` (run the `--restart` command: the store's
@@ -74,6 +75,35 @@ struct Args {
     every_ms: u64,
 }
 
+/// How a key is called: by its number, the same in every worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Leased: the body records its run.
+    Leased,
+    /// Transactional (a SQL store): the run is written in the record's transaction.
+    Transactional,
+    /// Leased, the effects as steps.
+    Steps,
+}
+
+impl Mode {
+    fn of(k: usize, sql: bool) -> Mode {
+        match k % 3 {
+            1 if sql => Mode::Transactional,
+            2 => Mode::Steps,
+            _ => Mode::Leased,
+        }
+    }
+
+    fn biz(self) -> &'static str {
+        match self {
+            Mode::Leased => "chaos",
+            Mode::Transactional => "chaos.tx",
+            Mode::Steps => "chaos.steps",
+        }
+    }
+}
+
 /// The worker's settings, from its environment.
 struct Worker {
     url: String,
@@ -84,6 +114,16 @@ struct Worker {
     tasks: usize,
     until: Instant,
     history: PathBuf,
+    /// When this process started, and how long after the coordinator's start that was.
+    started: Instant,
+    started_after_ms: u64,
+}
+
+impl Worker {
+    /// Milliseconds since the coordinator started (monotonic, unskewed).
+    fn millis(&self) -> u64 {
+        self.started_after_ms + self.started.elapsed().as_millis() as u64
+    }
 }
 
 #[idempotent(key = key, biz = "chaos", store = store, payload = payload, lease = "4s", wait = "30s")]
@@ -100,6 +140,34 @@ async fn leased(
     effects.record_run(run, key, &token, fence, process).await?;
     tokio::time::sleep(body_time(&token)).await;
     Ok(token)
+}
+
+/// Steps: the charge (the run of the key) and a notification (a run of `{key}#notify`),
+/// each a step, so a takeover replays a finished one instead of running it again.
+#[idempotent(key = key, biz = "chaos.steps", store = store, payload = payload, lease = "4s", wait = "30s")]
+async fn stepped(
+    store: &Store,
+    effects: &Effects,
+    run: &str,
+    key: &str,
+    payload: &str,
+    token: String,
+    process: &str,
+) -> Result<String, AppError> {
+    let fence = idem::context().expect("inside a call").fence();
+    let charged: String = idem::step("charge", async {
+        effects.record_run(run, key, &token, fence, process).await?;
+        Ok::<_, AppError>(token.clone())
+    })
+    .await?;
+    tokio::time::sleep(body_time(&token)).await;
+    idem::step("notify", async {
+        let notified = format!("{key}#notify");
+        effects.record_run(run, &notified, &charged, fence, process).await?;
+        Ok::<_, AppError>(())
+    })
+    .await?;
+    Ok(charged)
 }
 
 /// Transactional mode: the run is written in the transaction that claims the key and
@@ -240,14 +308,17 @@ fn work(worker: Worker) {
                         let key = format!("{}-{k}", worker.run);
                         let payload = if other { "other" } else { "first" };
                         let token = format!("{}.{task}.{n}", worker.process);
-                        let outcome = match tx_pool.as_ref() {
-                            Some(pool) if k % 2 == 1 => {
-                                pool.call(&insert, &worker.run, &key, payload, token, &worker.process)
-                                    .await
+                        let start_ms = worker.millis();
+                        let (run, process) = (&worker.run, &worker.process);
+                        let outcome = match (Mode::of(k, tx_pool.is_some()), tx_pool.as_ref()) {
+                            (Mode::Transactional, Some(pool)) => {
+                                pool.call(&insert, run, &key, payload, token, process).await
                             }
-                            _ => leased(&store, &effects, &worker.run, &key, payload, token, &worker.process).await,
+                            (Mode::Steps, _) => stepped(&store, &effects, run, &key, payload, token, process).await,
+                            _ => leased(&store, &effects, run, &key, payload, token, process).await,
                         };
-                        let call = Call::new(&key, payload, &worker.process, answer_of(outcome));
+                        let mut call = Call::new(&key, payload, &worker.process, answer_of(outcome));
+                        (call.start_ms, call.end_ms) = (start_ms, worker.millis());
                         let line = serde_json::to_string(&call).unwrap();
                         let mut file = history.lock().unwrap();
                         writeln!(file, "{line}").unwrap();
@@ -282,6 +353,7 @@ struct Coordinator {
     run: String,
     dir: PathBuf,
     libfaketime: Option<&'static str>,
+    started: Instant,
     until: Instant,
 }
 
@@ -303,6 +375,7 @@ impl Coordinator {
             .env("CHAOS_TASKS", self.args.tasks.to_string())
             .env("CHAOS_MILLIS", remaining.as_millis().to_string())
             .env("CHAOS_HISTORY", self.dir.join(format!("history-{process}.jsonl")))
+            .env("CHAOS_STARTED_AFTER_MS", self.started.elapsed().as_millis().to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         if let Some(libfaketime) = self.libfaketime {
@@ -338,6 +411,8 @@ fn main() {
             tasks: setting("CHAOS_TASKS").parse().unwrap(),
             until: Instant::now() + Duration::from_millis(setting("CHAOS_MILLIS").parse().unwrap()),
             history: setting("CHAOS_HISTORY").into(),
+            started: Instant::now(),
+            started_after_ms: setting("CHAOS_STARTED_AFTER_MS").parse().unwrap(),
         });
     }
     let args = Args::parse();
@@ -367,6 +442,7 @@ fn main() {
         runtime.block_on(async { (harness::open_store(&args.store).await, Effects::open(&args.store).await) });
     let partitions = faults.contains("partition") && !args.store.starts_with("sqlite");
     let coordinator = Coordinator {
+        started: Instant::now(),
         until: Instant::now() + Duration::from_secs(args.seconds),
         args: args.clone(),
         run: run.clone(),
@@ -476,11 +552,8 @@ fn main() {
         let mut records = HashMap::new();
         for key in keys {
             let k: usize = key.rsplit('-').next().unwrap().parse().unwrap();
-            let biz = if k % 2 == 1 && !args.store.starts_with("redis") && !args.store.starts_with("sqlite") {
-                "chaos.tx"
-            } else {
-                "chaos"
-            };
+            let sql = args.store.starts_with("postgres") || args.store.starts_with("mysql");
+            let biz = Mode::of(k, sql).biz();
             let record = store.get(biz, key).await.unwrap();
             let answer = record
                 .filter(|r| r.status == idem::Status::Succeeded)

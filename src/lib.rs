@@ -313,7 +313,10 @@
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
 //! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the
-//! header's structured-field syntax, `base64` for binary bodies in the record).
+//! header's structured-field syntax, `base64` for binary bodies in the record). The
+//! tests and examples add `idem-testkit` (the conformance suite and harness every store
+//! is tested with), `proptest` (the model test), `criterion` (benchmarks), and `rand` and
+//! `clap` (the chaos runner's random keys and faults, and its flags).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -21,6 +21,9 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A database server judges leases and expiry by its own clock ([`LeaseClock::Store`]):
+//! a test that moves time against one builds its store with [`LeaseClock::Caller`].
+//!
 //! Outside such a test tokio's clock is the system's monotonic clock, read a moment
 //! apart from the system clock: the two agree within [`TEST_CLOCK_THRESHOLD`], and the
 //! system clock is used as it is.

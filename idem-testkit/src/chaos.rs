@@ -64,6 +64,13 @@ pub struct Call {
     pub process: String,
     /// What it answered.
     pub answer: Answer,
+    /// When it began, in milliseconds on the run's clock (the coordinator's monotonic
+    /// clock; 0 when not recorded).
+    #[serde(default)]
+    pub start_ms: u64,
+    /// When it ended, on the same clock.
+    #[serde(default)]
+    pub end_ms: u64,
 }
 
 impl Call {
@@ -74,6 +81,8 @@ impl Call {
             payload: payload.to_owned(),
             process: process.to_owned(),
             answer,
+            start_ms: 0,
+            end_ms: 0,
         }
     }
 }
@@ -221,14 +230,15 @@ pub fn check(
         // The answered run stands; every other run must be one a fault cut off. With
         // no answer, one run may stand.
         let answered = answers.get(key);
-        let mut standing: Vec<&Effect> = Vec::new();
-        for effect in effects {
-            if answered.is_some_and(|token| *token == &effect.token) || !cut_off.contains(&effect.process) {
-                standing.push(effect);
-            } else {
-                verdict.cut_off += 1;
-            }
-        }
+        let standing: Vec<&Effect> = effects
+            .iter()
+            .copied()
+            .filter(|effect| {
+                answered.is_some_and(|token| *token == &effect.token) || !cut_off.contains(&effect.process)
+            })
+            .collect();
+        // Runs a fault cut off, beyond the one that stands (when all of them were).
+        verdict.cut_off += effects.len() - standing.len().max(1);
         if standing.len() > 1 {
             verdict.anomalies.push(Anomaly::EffectTwice {
                 key: (*key).to_owned(),

@@ -68,9 +68,10 @@
 //!
 //! Dependencies: `idem` (the attribute and the stores the suites run on), `async-trait`
 //! (the fault-injecting store implements the store trait), `tokio` (the runtime of the
-//! tests and workers), `sqlx` (the business table, one pool for SQLite, PostgreSQL and
-//! MariaDB through its `Any` driver), `serde`/`serde_json` (payloads and histories),
-//! `thiserror` (the test application's error).
+//! tests and workers, the partitionable link), `futures` (races of concurrent calls are
+//! joined), `sqlx` (the business table, one pool for SQLite, PostgreSQL and MariaDB
+//! through its `Any` driver), `serde`/`serde_json` (payloads and histories), `thiserror`
+//! (the test application's error).
 
 pub mod chaos;
 pub mod conformance;
