@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Workers (`--workers`, each with `--tasks` concurrent callers) call `--keys` keys at
-//! random, one call in 25 with another payload. A third of the keys run in leased mode
+//! random — a fresh set every 5 s — one call in 25 with another payload. A third of the keys run in leased mode
 //! (the body writes its run into the business table), a third in transactional mode on
 //! a SQL store (the run is written in the transaction that records the answer; leased
 //! elsewhere), a third with steps (the run, then a notification, each a step). Faults, each
@@ -45,6 +45,9 @@ type Store = Arc<dyn IdempotencyStore>;
 /// The lease of leased-mode calls: faults that cut a worker off last longer.
 const LEASE: Duration = Duration::from_secs(4);
 
+/// How long one set of keys is called before the next.
+const WINDOW_MS: u64 = 5_000;
+
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Run idem under faults and check the history")]
 struct Args {
@@ -60,9 +63,9 @@ struct Args {
     /// Concurrent callers in each worker.
     #[arg(long, default_value_t = 4)]
     tasks: usize,
-    /// Keys the callers share (each runs once, then is replayed: enough of them keep
-    /// bodies running while faults land).
-    #[arg(long, default_value_t = 1000)]
+    /// Keys the callers share in each 5 s of the run: a fresh set every 5 s, so bodies
+    /// keep running (not only replays) while faults land, however long the run.
+    #[arg(long, default_value_t = 200)]
     keys: usize,
     /// Faults to inject: kill, pause, partition, restart, skew.
     #[arg(long, value_delimiter = ',', default_value = "kill,pause,partition,skew")]
@@ -305,7 +308,8 @@ fn work(worker: Worker) {
                             let mut rng = rand::rng();
                             (rng.random_range(0..worker.keys), rng.random_ratio(1, 25))
                         };
-                        let key = format!("{}-{k}", worker.run);
+                        // A fresh set of keys every 5 s, on the run's (unskewed) clock.
+                        let key = format!("{}-{}-{k}", worker.run, worker.millis() / WINDOW_MS);
                         let payload = if other { "other" } else { "first" };
                         let token = format!("{}.{task}.{n}", worker.process);
                         let start_ms = worker.millis();
@@ -565,7 +569,7 @@ fn main() {
     });
     let verdict = check(&calls, &runs, &records, &cut_off);
     println!(
-        "chaos on {}: {} workers x {} tasks, {} keys, {:.0?}",
+        "chaos on {}: {} workers x {} tasks, {} keys every 5 s, {:.0?}",
         redacted(&args.store),
         args.workers,
         args.tasks,
