@@ -28,9 +28,10 @@ pub(crate) enum RolledBack {
 /// Where a claim's statements run: the claim statement, and the read of what stood in
 /// its way.
 pub(crate) trait ClaimSite {
-    /// Whether the statements judge leases and expiry by the server's clock. A record
-    /// that stood in the way of such a claim stands: the caller's clock, which may run
-    /// ahead of the server's, has no say in it.
+    /// Whether the statements judge leases and expiry by the server's clock. The claim
+    /// statement's own refusal is then final, and a record read after it is judged by
+    /// the server's instant of that read: the caller's clock, which may run ahead of the
+    /// server's, has no say in it.
     fn on_server_clock(&self) -> bool {
         false
     }
