@@ -198,8 +198,8 @@ fn stamps() -> Stamps {
     let now = idem::store::now();
     Stamps {
         now,
-        lease_until: now + Duration::from_secs(30),
-        expires: now + Duration::from_secs(86_400),
+        lease_until: now + LEASE,
+        expires: now + TTL,
         first_fence: i64::try_from(now.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros()).unwrap(),
     }
 }
@@ -222,11 +222,12 @@ where
         .unwrap();
 }
 
-/// idem's claim and completion of `key` on `store`, bound by hand: `$at` writes an
-/// instant as the dialect binds it; the claim runs with `$method` and `$lease` turns its
-/// answer (`$answer`, with the call's `$stamps`) into the lease's fence and
-/// `created_at`, which the completion
-/// matches. With `business`, the business insert runs between them on `conn`.
+/// idem's claim and completion of `key` on `store`, bound by hand as the store binds
+/// them: `$at` writes an instant as the dialect binds it — or, with `$at` `None`, the
+/// statements read the server's clock and take the lease's and the record's lengths in
+/// microseconds. The claim runs with `$method` and `$lease` turns its answer (`$answer`,
+/// with the call's `$stamps`) into the lease's fence and `created_at`, which the
+/// completion matches. With `business`, the business insert runs between them on `conn`.
 macro_rules! idem_rows {
     ($store:expr, $conn:expr, $key:expr, $business:expr, $db:ty, $at:expr, $method:ident, |$answer:ident, $stamps:ident| $lease:expr) => {{
         let at = stamps();
@@ -234,28 +235,38 @@ macro_rules! idem_rows {
             .bind(BIZ)
             .bind($key)
             .bind(NO_TEXT)
-            .bind(NO_TEXT)
-            .bind($at(at.lease_until))
-            .bind($at(at.now))
-            .bind($at(at.expires))
-            .bind(at.first_fence);
+            .bind(NO_TEXT);
+        let claim = match $at {
+            Some(stamp) => claim
+                .bind(stamp(at.lease_until))
+                .bind(stamp(at.now))
+                .bind(stamp(at.expires))
+                .bind(at.first_fence),
+            None => claim.bind(length_micros(LEASE)).bind(length_micros(TTL)),
+        };
         let $answer = on!($conn, $store, claim, $method).unwrap();
         let $stamps = &at;
         let (fence, created_at) = $lease;
         if let Some(sql) = $business {
             business_insert::<$db>($conn.as_deref_mut().expect("a transaction"), sql, $key).await;
         }
-        let complete = idem::sqlx::query($store.complete_sql())
-            .bind(RESPONSE)
-            .bind($at(at.now))
-            .bind($at(at.now))
-            .bind($at(at.expires))
-            .bind(BIZ)
-            .bind($key)
-            .bind(fence)
-            .bind(created_at);
+        let complete = idem::sqlx::query($store.complete_sql()).bind(RESPONSE);
+        let complete = match $at {
+            Some(stamp) => complete.bind(stamp(at.now)).bind(stamp(at.now)).bind(stamp(at.expires)),
+            None => complete.bind(length_micros(TTL)),
+        };
+        let complete = complete.bind(BIZ).bind($key).bind(fence).bind(created_at);
         on!($conn, $store, complete, execute).unwrap();
     }};
+}
+
+/// The floor's lease and record lengths.
+const LEASE: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(86_400);
+
+/// A length in microseconds, as a server adds it to its clock.
+fn length_micros(length: Duration) -> i64 {
+    i64::try_from(length.as_micros()).unwrap()
 }
 
 async fn sqlite_rows(
@@ -270,7 +281,7 @@ async fn sqlite_rows(
         key,
         business,
         idem::sqlx::Sqlite,
-        sqlite_text,
+        Some(sqlite_text),
         fetch_one,
         |row, _stamps| { (row.get::<i64, _>(0), row.get::<String, _>(1)) }
     );
@@ -288,7 +299,7 @@ async fn postgres_rows(
         key,
         business,
         idem::sqlx::Postgres,
-        utc,
+        None::<fn(SystemTime) -> DateTime<Utc>>,
         fetch_one,
         |row, _stamps| { (row.get::<i64, _>(0), row.get::<DateTime<Utc>, _>(1)) }
     );
@@ -300,19 +311,21 @@ async fn mysql_rows(
     key: &str,
     business: Option<&str>,
 ) {
-    let naive = |at: SystemTime| utc(at).naive_utc();
-    // A plain INSERT: the lease is the claim's first fence and its instant.
+    // A plain INSERT: the lease's fence comes back as the last insert id, the server's
+    // instant in microseconds, which is its `created_at`.
     idem_rows!(
         store,
         conn,
         key,
         business,
         idem::sqlx::MySql,
-        naive,
+        None::<fn(SystemTime) -> idem::sqlx::types::chrono::NaiveDateTime>,
         execute,
-        |done, stamps| {
+        |done, _stamps| {
             assert_eq!(done.rows_affected(), 1, "a fresh insert");
-            (stamps.first_fence, naive(stamps.now))
+            let fence = done.last_insert_id();
+            let created_at = utc(std::time::UNIX_EPOCH + Duration::from_micros(fence)).naive_utc();
+            (i64::try_from(fence).unwrap(), created_at)
         }
     );
 }

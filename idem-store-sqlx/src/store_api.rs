@@ -192,8 +192,10 @@ macro_rules! impl_store_api {
             }
 
             /// The exact SQL a first claim of a key runs, one statement. Binds, in
-            /// order: biz, key, fingerprint, request body, lease end, now, expiry, first
-            /// fence. For operators and for the benchmark that runs it by hand as the
+            /// order: biz, key, fingerprint, request body, then — judged by the server's
+            /// clock, the default on PostgreSQL and MySQL — the lease's and the record's
+            /// lengths in microseconds (`i64`), or — on the caller's clock, and always
+            /// on SQLite — lease end, now, expiry, first fence. For operators and for the benchmark that runs it by hand as the
             /// floor idem is held to. (On PostgreSQL it inserts a record nobody holds and
             /// returns its fence and `created_at`; a record in the way is read, and taken
             /// over by [`takeover_sql`](Self::takeover_sql) only if it is claimable.
@@ -209,8 +211,9 @@ macro_rules! impl_store_api {
             }
 
             /// The exact SQL of recording a success, one statement. Binds, in order:
-            /// response, lease end (now), completed at (now), expiry, biz, key, fence,
-            /// created at.
+            /// response, then the record's length in microseconds (on the server's
+            /// clock) or lease end (now), completed at (now) and expiry (on the
+            /// caller's), then biz, key, fence, created at.
             pub fn complete_sql(&self) -> &str {
                 &self.parts.sql.complete
             }
