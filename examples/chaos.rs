@@ -212,8 +212,7 @@ enum TxPool {
 
 impl TxPool {
     async fn open(url: &str) -> Option<TxPool> {
-        let options = |max| (max, Duration::from_secs(3));
-        let (max, acquire) = options(8);
+        let (max, acquire) = (8, Duration::from_secs(3));
         if url.starts_with("postgres") {
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(max)
@@ -570,7 +569,7 @@ fn main() {
     let verdict = check(&calls, &runs, &records, &cut_off);
     println!(
         "chaos on {}: {} workers x {} tasks, {} keys every 5 s, {:.0?}",
-        redacted(&args.store),
+        idem::store::redacted_url(&args.store),
         args.workers,
         args.tasks,
         args.keys,
@@ -592,9 +591,4 @@ fn main() {
     if !verdict.valid() {
         std::process::exit(1);
     }
-}
-
-/// The URL without its password.
-fn redacted(url: &str) -> String {
-    idem::store::redacted_url(url)
 }
