@@ -299,7 +299,9 @@
 //! `redis` adds `RedisStore` (one Redis server or a Redis Cluster). `metrics` counts
 //! every call through the `metrics` facade ([`observe`] lists the metrics).
 //! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum, and
-//! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder`.
+//! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder`. `amqp` adds
+//! `idem::amqp`: RabbitMQ consumers that ack only what is recorded, and the outbox
+//! relay.
 //!
 //! # Dependencies, and why
 //!
@@ -313,7 +315,8 @@
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
 //! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the
-//! header's structured-field syntax, `base64` for binary bodies in the record). The
+//! header's structured-field syntax, `base64` for binary bodies in the record), and with
+//! feature `amqp` `lapin` (the AMQP client) and `futures-util`. The
 //! tests and examples add `idem-testkit` (the conformance suite and harness every store
 //! is tested with), `proptest` (the model test), `criterion` (benchmarks), and `rand` and
 //! `clap` (the chaos runner's random keys and faults, and its flags).
@@ -392,6 +395,15 @@ pub use idem_store_redis::redis;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub use idem_http as http;
+
+/// Idempotent RabbitMQ consumers and the outbox relay (feature `amqp`): a
+/// [`amqp::Consumer`] that acks a delivery only once its outcome is recorded, an
+/// [`amqp::Outbox`] written in the business transaction and the [`amqp::Relay`] that
+/// publishes it with confirms (the outbox on each database feature that is on). See the
+/// [`idem_amqp`] crate docs.
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use idem_amqp as amqp;
 
 /// The database stores' helpers: a store picked by URL ([`sql::open`]), the default
 /// table name. The stores themselves are at the crate root.

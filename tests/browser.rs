@@ -7,12 +7,15 @@
 //! Needs `chromium` and `chromium-driver` (Debian's packages; `.ci/run` installs them):
 //! without them it prints `NOT RUN` and passes, except under CI.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use idem_testkit::harness::{free_port, until_listening};
 use serde_json::{json, Value};
+
+#[path = "support/ci.rs"]
+mod ci;
 
 /// A child process killed when dropped.
 struct Running(Child);
@@ -21,19 +24,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Wait (bounded) until something listens on `port`.
-fn until_listening(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "{what} did not start listening on {port}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -59,15 +49,8 @@ fn chromedriver() -> Option<String> {
 
 /// The example, built as the README's command builds it, listening on `port`.
 fn start_example(port: u16, bank_delay_ms: u64) -> Running {
-    let built = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--example", "http_payment"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo");
-    assert!(built.success(), "the example builds");
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
     let records = std::env::temp_dir().join(format!("idem-browser-{}.db", std::process::id()));
-    let child = Command::new(format!("{target}/debug/examples/http_payment"))
+    let child = Command::new(ci::example_binary("http_payment"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--database-url", &format!("sqlite://{}?mode=rwc", records.display())])
         .args(["--bank-delay-ms", &bank_delay_ms.to_string()])

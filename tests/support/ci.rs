@@ -1,5 +1,7 @@
 //! The repository's own scripts under `.ci/`, for the tests that start, stop and fail
-//! over servers with them.
+//! over servers with them, and its examples, for the tests that run them as a user does.
+// Each test binary includes this file and uses part of it.
+#![allow(dead_code)]
 
 use std::process::{Command, Stdio};
 
@@ -14,4 +16,17 @@ pub fn ci_script(script: &str, args: &[&str]) -> String {
         .unwrap();
     assert!(output.status.success(), "{script} {args:?} failed");
     String::from_utf8(output.stdout).unwrap()
+}
+
+/// The path of the example `name`, built first as the README's `cargo run --example`
+/// builds it (in `CARGO_TARGET_DIR` when it is set).
+pub fn example_binary(name: &str) -> String {
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", name])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo");
+    assert!(built.success(), "the example {name} builds");
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
+    format!("{target}/debug/examples/{name}")
 }

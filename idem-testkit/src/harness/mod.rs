@@ -384,3 +384,25 @@ pub fn url_port(url: &str) -> u16 {
         .and_then(|port| port.parse().ok())
         .unwrap_or_else(|| panic!("no port in {url}"))
 }
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Wait (at most 30 s) until something listens on 127.0.0.1:`port`; `what` names it
+/// in the failure.
+pub fn until_listening(port: u16, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not start listening on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,347 @@
+//! The idempotent consumer: each delivery runs the handler, and is acked only after its
+//! outcome is recorded.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::types::FieldTable;
+use lapin::Channel;
+use serde::de::DeserializeOwned;
+use tracing::{debug, info, warn};
+
+use crate::connection::{self, Backoff, Setup};
+use crate::disposition::{Disposition, HandlerError, OnFailure};
+use crate::message::{KeySource, Message};
+
+/// Consumes one queue through an idempotent handler, with acks that follow the record.
+///
+/// Each delivery's body is decoded from JSON into `M` and handed to the handler with its
+/// key (the message id by default, see [`KeySource`]). The handler is idempotent itself
+/// — an `#[idempotent(key = msg.key, …)]` function, transactional when its effect is in
+/// the same database, or a call through [`idem_runtime::Idempotent`] — and the consumer
+/// settles the delivery by what it answered:
+///
+/// | the handler answered | the delivery is |
+/// |---|---|
+/// | `Ok` (the body ran and its outcome is recorded, or the first answer replayed) | acked |
+/// | `Error::Duplicate` (`mode = Reject`) | acked |
+/// | `Error::InProgress` (another consumer has it), `Store`, `LeaseLost`, `Decode`, `NoStore` | not acked: requeued after [`redeliver_after`](Self::redeliver_after) |
+/// | the body's own error (its claim released: `on_error = Release`) | not acked: requeued after the pause, and runs again |
+/// | `Error::PreviousFailed` (`on_error = Record`), `PayloadMismatch`, `InvalidKey`, `Encode` | the [`OnFailure`] policy |
+/// | nothing: no key, or a body that is not the JSON of `M` | the [`OnFailure`] policy, unrun |
+///
+/// A delivery is never acked before the handler returned, so a consumer killed at any
+/// point leaves its unacked deliveries to the broker, which delivers them again; the
+/// handler then replays the recorded answer (or runs a body whose claim was never
+/// committed). The pause before a requeue keeps a message that another consumer is
+/// still running from coming back in a hot loop.
+///
+/// The consumer reconnects by itself when the broker goes away (a restart, a cut
+/// connection), with pauses from 100 ms to 5 s; [`on_connect`](Self::on_connect)
+/// declares the topology on each new channel.
+#[derive(Clone)]
+pub struct Consumer {
+    url: String,
+    queue: String,
+    key: KeySource,
+    prefetch: u16,
+    redeliver_after: Duration,
+    on_failure: OnFailure,
+    declare: Option<Setup>,
+    stats: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("url", &idem_runtime::redacted_url(&self.url))
+            .field("queue", &self.queue)
+            .field("key", &self.key)
+            .field("prefetch", &self.prefetch)
+            .field("redeliver_after", &self.redeliver_after)
+            .field("on_failure", &self.on_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many deliveries are handled at once (and the channel's prefetch) by default.
+pub const DEFAULT_PREFETCH: u16 = 16;
+
+/// The pause before a delivery that was not settled is requeued, by default.
+pub const DEFAULT_REDELIVER_AFTER: Duration = Duration::from_secs(1);
+
+impl Consumer {
+    /// A consumer of `queue` on the broker at `amqp_url` (`amqp://user:pass@host:5672/%2f`).
+    pub fn new(amqp_url: impl Into<String>, queue: impl Into<String>) -> Self {
+        Consumer {
+            url: amqp_url.into(),
+            queue: queue.into(),
+            key: KeySource::default(),
+            prefetch: DEFAULT_PREFETCH,
+            redeliver_after: DEFAULT_REDELIVER_AFTER,
+            on_failure: OnFailure::default(),
+            declare: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Where each delivery's key comes from (default: the message id).
+    pub fn key(mut self, key: KeySource) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// How many deliveries are handled at once, which is also the channel's prefetch
+    /// (default 16; at least 1).
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// How long a delivery that was not settled waits before it is requeued (default
+    /// 1 s): the time another consumer gets to finish the same message.
+    pub fn redeliver_after(mut self, pause: Duration) -> Self {
+        self.redeliver_after = pause;
+        self
+    }
+
+    /// What happens to a message that can never succeed (default: dead-lettered).
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    /// Declare exchanges, queues and bindings on each new channel, before consuming.
+    pub fn on_connect<F, Fut>(mut self, declare: F) -> Self
+    where
+        F: Fn(Channel) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), lapin::Error>> + Send + 'static,
+    {
+        self.declare = Some(connection::setup(declare));
+        self
+    }
+
+    /// What this consumer (and its clones) did so far.
+    pub fn stats(&self) -> ConsumerStats {
+        self.stats.snapshot()
+    }
+
+    /// Consume until the process ends: sessions one after another, reconnecting when
+    /// the broker goes away.
+    pub async fn run<M, T, E, H, Fut>(&self, handler: H)
+    where
+        M: DeserializeOwned,
+        E: HandlerError,
+        H: Fn(Message<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut backoff = Backoff::new();
+        loop {
+            let before = self.stats.deliveries.load(Ordering::Relaxed);
+            match self.session(&handler).await {
+                Ok(()) => info!(queue = %self.queue, "the broker ended the consumer's session; reconnecting"),
+                Err(error) => warn!(
+                    queue = %self.queue,
+                    broker = %idem_runtime::redacted_url(&self.url),
+                    %error,
+                    "consumer session failed; reconnecting"
+                ),
+            }
+            self.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
+            if self.stats.deliveries.load(Ordering::Relaxed) > before {
+                backoff.reset();
+            }
+            backoff.pause().await;
+        }
+    }
+
+    /// [`run`](Self::run) until `stop` completes. Deliveries in hand when it does are
+    /// left unacked: the broker delivers them again.
+    pub async fn run_until<M, T, E, H, Fut>(&self, stop: impl Future<Output = ()>, handler: H)
+    where
+        M: DeserializeOwned,
+        E: HandlerError,
+        H: Fn(Message<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        tokio::select! {
+            () = stop => {}
+            () = self.run(handler) => {}
+        }
+    }
+
+    /// One connection's worth of deliveries: until the connection or channel fails.
+    async fn session<M, T, E, H, Fut>(&self, handler: &H) -> Result<(), lapin::Error>
+    where
+        M: DeserializeOwned,
+        E: HandlerError,
+        H: Fn(Message<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let name = format!("idem consumer of {}", self.queue);
+        let (_connection, channel) = connection::open(&self.url, &name, self.declare.as_ref()).await?;
+        channel.basic_qos(self.prefetch, BasicQosOptions::default()).await?;
+        let deliveries = channel
+            .basic_consume(
+                self.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        info!(queue = %self.queue, prefetch = self.prefetch, "consuming");
+        let mut failure = None;
+        deliveries
+            .take_while(|delivery| {
+                let go_on = match delivery {
+                    Ok(_) => true,
+                    Err(error) => {
+                        failure = Some(error.clone());
+                        false
+                    }
+                };
+                std::future::ready(go_on)
+            })
+            .for_each_concurrent(usize::from(self.prefetch), |delivery| async {
+                if let Ok(delivery) = delivery {
+                    self.handle(delivery, handler).await;
+                }
+            })
+            .await;
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Run the handler on one delivery and settle it by the answer.
+    async fn handle<M, T, E, H, Fut>(&self, delivery: Delivery, handler: &H)
+    where
+        M: DeserializeOwned,
+        E: HandlerError,
+        H: Fn(Message<M>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.stats.deliveries.fetch_add(1, Ordering::Relaxed);
+        if delivery.redelivered {
+            self.stats.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(message) = self.decode(&delivery) else {
+            return self.settle(&delivery, Disposition::Final).await;
+        };
+        let key = message.key.clone();
+        let answer = handler(message).await;
+        let disposition = Disposition::of(&answer);
+        if let Err(error) = &answer {
+            match disposition {
+                Disposition::Final => warn!(queue = %self.queue, %key, %error, "message failed for good"),
+                _ => debug!(queue = %self.queue, %key, %error, "message not settled; requeued after a pause"),
+            }
+        }
+        self.settle(&delivery, disposition).await;
+    }
+
+    /// The delivery as the handler sees it, or `None` (logged) when it has no key or its
+    /// body is not the JSON of `M`.
+    fn decode<M: DeserializeOwned>(&self, delivery: &Delivery) -> Option<Message<M>> {
+        let Some(key) = self.key.key_of(delivery) else {
+            warn!(queue = %self.queue, key = ?self.key, "delivery has no idempotency key; not run");
+            return None;
+        };
+        let body = match serde_json::from_slice(&delivery.data) {
+            Ok(body) => body,
+            Err(error) => {
+                warn!(queue = %self.queue, %key, %error, "delivery's body does not decode; not run");
+                return None;
+            }
+        };
+        Some(Message {
+            key,
+            body,
+            redelivered: delivery.redelivered,
+            exchange: delivery.exchange.to_string(),
+            routing_key: delivery.routing_key.to_string(),
+        })
+    }
+
+    /// Ack, requeue after the pause, or apply the failure policy. A settlement that
+    /// cannot reach the broker is only logged: the broker delivers the message again.
+    async fn settle(&self, delivery: &Delivery, disposition: Disposition) {
+        let acker = &delivery.acker;
+        let (counter, settled) = match (disposition, self.on_failure) {
+            (Disposition::Ack, _) => (&self.stats.acked, acker.ack(BasicAckOptions::default()).await),
+            (Disposition::Redeliver, _) => {
+                tokio::time::sleep(self.redeliver_after).await;
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                (&self.stats.requeued, acker.nack(requeue).await)
+            }
+            (Disposition::Final, OnFailure::DeadLetter) => {
+                let reject = BasicRejectOptions { requeue: false };
+                (&self.stats.failed, acker.reject(reject).await)
+            }
+            (Disposition::Final, OnFailure::AckAndDrop) => {
+                (&self.stats.failed, acker.ack(BasicAckOptions::default()).await)
+            }
+        };
+        match settled {
+            Ok(true) => {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {
+                debug!(queue = %self.queue, "the delivery's channel is gone; the broker will deliver it again")
+            }
+            Err(error) => {
+                warn!(queue = %self.queue, %error, "could not settle a delivery; the broker will deliver it again")
+            }
+        }
+    }
+}
+
+/// The consumer's counters.
+#[derive(Debug, Default)]
+struct Counters {
+    deliveries: AtomicU64,
+    redelivered: AtomicU64,
+    acked: AtomicU64,
+    requeued: AtomicU64,
+    failed: AtomicU64,
+    sessions_lost: AtomicU64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> ConsumerStats {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ConsumerStats {
+            deliveries: read(&self.deliveries),
+            redelivered: read(&self.redelivered),
+            acked: read(&self.acked),
+            requeued: read(&self.requeued),
+            failed: read(&self.failed),
+            sessions_lost: read(&self.sessions_lost),
+        }
+    }
+}
+
+/// What a [`Consumer`] did since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerStats {
+    /// Deliveries received.
+    pub deliveries: u64,
+    /// Of those, deliveries the broker flagged as redelivered.
+    pub redelivered: u64,
+    /// Deliveries acked after their outcome was recorded.
+    pub acked: u64,
+    /// Deliveries requeued after the pause (not settled: in progress elsewhere, a store
+    /// error, the body's own error).
+    pub requeued: u64,
+    /// Deliveries that failed for good (dead-lettered or dropped by the policy).
+    pub failed: u64,
+    /// Sessions that ended (the broker went away) and were started again.
+    pub sessions_lost: u64,
+}

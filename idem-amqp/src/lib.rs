@@ -1,0 +1,105 @@
+//! Idempotent RabbitMQ consumers and a transactional outbox relay, over
+//! [`idem`](https://docs.rs/idem)'s stores.
+//!
+//! Brokers deliver at least once: a consumer that dies before it acks gets the message
+//! again, and a producer that loses a confirm publishes again. This crate makes the
+//! pair exactly-once in effect:
+//!
+//! - the **outbox**: the business transaction writes its message into an outbox table
+//!   ([`Outbox::push`]) in the same commit as its rows and its idempotency record
+//!   (`#[idempotent(tx = tx)]`), so a message exists exactly when the change does;
+//! - the **relay** ([`Relay`]) publishes each row with publisher confirms, its row id as
+//!   the message id, and marks it sent only after the broker confirmed it — at least
+//!   once, never lost;
+//! - the **consumer** ([`Consumer`]) runs an idempotent handler keyed by the message
+//!   id, and acks a delivery only after its outcome is recorded: a redelivery of a
+//!   finished message replays the first answer and is acked without running again.
+//!
+//! ```no_run
+//! use idem_amqp::{Consumer, HandlerError, Message, Outbox, OutboxMessage, Relay};
+//! use idem_runtime::Idempotent;
+//! use lapin::options::QueueDeclareOptions;
+//! use lapin::types::FieldTable;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct OrderPlaced { order: i64, points: i64 }
+//!
+//! # async fn example(pool: sqlx::PgPool, store: idem_runtime::MemoryStore) -> Result<(), Box<dyn std::error::Error>> {
+//! let amqp = "amqp://guest:guest@127.0.0.1:5672/%2f";
+//! let declare = |channel: lapin::Channel| async move {
+//!     channel.queue_declare("orders".into(), QueueDeclareOptions { durable: true, ..Default::default() }, FieldTable::default()).await?;
+//!     Ok(())
+//! };
+//!
+//! // In the business transaction: the message, committed with the order.
+//! let outbox = Outbox::<sqlx::Postgres>::new();
+//! outbox.migrate(&pool).await?;
+//! let mut tx = pool.begin().await?;
+//! outbox.push(&mut tx, &OutboxMessage::json("", "orders", &OrderPlaced { order: 7, points: 70 })?).await?;
+//! tx.commit().await?;
+//!
+//! // The relay: rows to the broker, confirmed.
+//! let relay = Relay::new(pool.clone(), outbox, amqp).on_connect(declare);
+//! tokio::spawn(async move { relay.run().await });
+//!
+//! // The consumer: one credit per message, however often it is delivered.
+//! let credit = Idempotent::new("credit-points").store(store);
+//! Consumer::new(amqp, "orders")
+//!     .on_connect(declare)
+//!     .run(|message: Message<OrderPlaced>| {
+//!         let credit = credit.clone();
+//!         async move {
+//!             credit.execute(&message.key, async {
+//!                 // credit message.body.points to the order's customer …
+//!                 Ok::<_, idem_runtime::Error>(message.body.points)
+//!             }).await
+//!         }
+//!     })
+//!     .await;
+//! # Ok(()) }
+//! ```
+//!
+//! When the handler's effect lives in the same database as the records, make it
+//! transactional (`#[idempotent(key = message.key, biz = …, tx = tx)]`): the effect and
+//! its record commit together, so a consumer killed at any point leaves either both or
+//! neither, and the redelivery finds the record. A handler whose effect is elsewhere (an
+//! SMS gateway, another service) runs in leased mode; a consumer killed after the
+//! effect and before the record is the one window where the effect can happen twice,
+//! as for any leased call (see idem's reliability notes).
+//!
+//! What a handler's answer does to its delivery is in [`Consumer`]'s table. Features
+//! `postgres`, `mysql` and `sqlite` bring the outbox and the relay on that database.
+//!
+//! Why the dependencies: `lapin` is the maintained AMQP 0-9-1 client for tokio;
+//! `futures-util` runs a channel's deliveries concurrently up to its prefetch;
+//! `sqlx` (by feature) reads and writes the outbox table; `async-trait` keeps the
+//! outbox's per-database statements behind one trait; `serde_json` decodes message
+//! bodies and encodes outbox messages; `thiserror` and `tracing` for errors and logs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod connection;
+mod consumer;
+mod disposition;
+mod message;
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod dialect;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod outbox;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod relay;
+
+pub use consumer::{Consumer, ConsumerStats, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
+pub use disposition::{HandlerError, OnFailure};
+pub use message::{KeyFn, KeySource, Message};
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use dialect::OutboxDatabase;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use outbox::{InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use relay::{Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE};
+
+/// The AMQP client, re-exported as is: channels, declarations and options.
+pub use lapin;

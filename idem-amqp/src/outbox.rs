@@ -1,0 +1,165 @@
+//! The outbox table: messages written in the business transaction, published later by
+//! the [`Relay`](crate::Relay).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::Serialize;
+use sqlx::{Database, Pool};
+
+use crate::dialect::OutboxDatabase;
+
+/// The outbox table's default name.
+pub const DEFAULT_TABLE: &str = "idem_outbox";
+
+/// A message to publish: where to, and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// The exchange (`""` is the default exchange, which routes by queue name).
+    pub exchange: String,
+    /// The routing key (the queue's name on the default exchange).
+    pub routing_key: String,
+    /// The body, published as is.
+    pub payload: Vec<u8>,
+    /// The `content-type` property (`application/json` for [`json`](Self::json)).
+    pub content_type: Option<String>,
+}
+
+impl OutboxMessage {
+    /// `body` as JSON, to `routing_key` on `exchange`.
+    pub fn json<T: Serialize + ?Sized>(
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+        body: &T,
+    ) -> Result<Self, serde_json::Error> {
+        Ok(OutboxMessage {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            payload: serde_json::to_vec(body)?,
+            content_type: Some("application/json".to_owned()),
+        })
+    }
+}
+
+/// A row read back for publishing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[doc(hidden)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub message: OutboxMessage,
+}
+
+/// The table name was not a plain SQL identifier.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "invalid outbox table name {0:?}: use letters, digits and `_` (not starting with a digit), at most 64 characters"
+)]
+pub struct InvalidTableName(String);
+
+/// An outbox table on database `DB` (PostgreSQL, MySQL/MariaDB or SQLite).
+///
+/// [`push`](Self::push) writes a message in the caller's transaction — the one an
+/// `#[idempotent(tx = tx)]` function commits with its record and its business rows — so
+/// the message exists exactly when the business change does. Each row's id is never
+/// reused (an identity column, `AUTO_INCREMENT`, SQLite's `AUTOINCREMENT`), which makes
+/// it fit to be the message id that consumers are keyed by.
+#[derive(Debug)]
+pub struct Outbox<DB> {
+    table: Arc<str>,
+    database: PhantomData<fn() -> DB>,
+}
+
+impl<DB> Clone for Outbox<DB> {
+    fn clone(&self) -> Self {
+        Outbox {
+            table: self.table.clone(),
+            database: PhantomData,
+        }
+    }
+}
+
+impl<DB: OutboxDatabase> Default for Outbox<DB> {
+    fn default() -> Self {
+        Outbox {
+            table: Arc::from(DEFAULT_TABLE),
+            database: PhantomData,
+        }
+    }
+}
+
+impl<DB: OutboxDatabase> Outbox<DB> {
+    /// The outbox in table [`DEFAULT_TABLE`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The outbox in table `name`.
+    pub fn named(name: &str) -> Result<Self, InvalidTableName> {
+        let plain = name.len() <= 64
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && name.chars().next().is_some_and(|c| !c.is_ascii_digit());
+        if !plain {
+            return Err(InvalidTableName(name.to_owned()));
+        }
+        Ok(Outbox {
+            table: Arc::from(name),
+            database: PhantomData,
+        })
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Create the table and its index of unsent rows if they do not exist.
+    pub async fn migrate(&self, pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+        let mut connection = pool.acquire().await?;
+        DB::create(&mut connection, &self.table).await
+    }
+
+    /// Write `message` through `connection` — a transaction's (`&mut *tx`) — and return
+    /// its row id, which will be its message id.
+    pub async fn push(
+        &self,
+        connection: &mut <DB as Database>::Connection,
+        message: &OutboxMessage,
+    ) -> Result<i64, sqlx::Error> {
+        DB::insert(connection, &self.table, message).await
+    }
+
+    /// How many rows wait to be published, and how many were published.
+    pub async fn counts(&self, pool: &Pool<DB>) -> Result<OutboxCounts, sqlx::Error> {
+        let mut connection = pool.acquire().await?;
+        let (pending, sent) = DB::counts(&mut connection, &self.table).await?;
+        Ok(OutboxCounts { pending, sent })
+    }
+}
+
+/// The rows of an outbox by state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxCounts {
+    /// Rows not yet confirmed by the broker.
+    pub pending: i64,
+    /// Rows the broker confirmed.
+    pub sent: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        assert_eq!(
+            Outbox::<sqlx::Sqlite>::named("orders_outbox").unwrap().table(),
+            "orders_outbox"
+        );
+        for bad in ["", "1outbox", "out box", "x; DROP TABLE y", &"t".repeat(65)] {
+            let error = Outbox::<sqlx::Sqlite>::named(bad).unwrap_err();
+            assert!(error.to_string().contains("letters, digits"), "{error}");
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The example pipeline (`examples/pipeline.rs`) killed end to end: orders posted under
+//! load while the HTTP server, the relay and the consumers are SIGKILLed at random
+//! moments and RabbitMQ is killed and restarted once; then everything drains, and every
+//! order has exactly one effect and no effect lacks its order.
+//!
+//! Needs PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and RabbitMQ (`IDEM_TEST_AMQP_URL`,
+//! started by `.ci/start-rabbitmq`); prints NOT RUN without them outside CI.
+
+#[path = "support/ci.rs"]
+mod ci;
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_testkit::harness;
+use rand::Rng;
+use serde_json::Value;
+
+/// The broker's URL, or `None` (and a line saying so) outside CI.
+fn amqp_url() -> Option<String> {
+    if let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") {
+        return Some(url);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "IDEM_TEST_AMQP_URL is not set: CI must run the pipeline test against RabbitMQ (see .ci/run)"
+    );
+    eprintln!("NOT RUN: the pipeline test needs IDEM_TEST_AMQP_URL (`.ci/start-rabbitmq` starts a node and prints it)");
+    None
+}
+
+/// A fresh database on the test's PostgreSQL server for one run.
+async fn fresh_database(url: &str, name: &str) -> String {
+    use idem::sqlx::Connection;
+    let mut admin = idem::sqlx::PgConnection::connect(url).await.unwrap();
+    idem::sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    idem::sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    format!("{base}/{name}")
+}
+
+/// One part of the pipeline as its own process, started again after each kill.
+struct Part {
+    role: &'static str,
+    args: Vec<String>,
+    child: Child,
+    kills: u32,
+}
+
+impl Part {
+    fn start(binary: &str, role: &'static str, args: &[String]) -> Part {
+        let child = Self::spawn(binary, role, args);
+        Part {
+            role,
+            args: args.to_vec(),
+            child,
+            kills: 0,
+        }
+    }
+
+    fn spawn(binary: &str, role: &str, args: &[String]) -> Child {
+        Command::new(binary)
+            .args(args)
+            .args(["--role", role])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the pipeline")
+    }
+
+    fn kill_and_restart(&mut self, binary: &str) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.kills += 1;
+        self.child = Self::spawn(binary, self.role, &self.args);
+    }
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Post orders with fresh keys until `stop`, each retried with its own key until it is
+/// answered 201; the orders answered.
+async fn customer(base: String, name: String, stop: Arc<AtomicBool>, accepted: Arc<Mutex<BTreeSet<String>>>) -> u32 {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut retries = 0;
+    let mut n = 0;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        let key = format!("{name}-{n}");
+        loop {
+            let answer = client
+                .post(format!("{base}/orders"))
+                .bearer_auth(&name)
+                .header("idempotency-key", &key)
+                .json(&serde_json::json!({"customer": name, "cents": 100 * n}))
+                .send()
+                .await;
+            match answer {
+                Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
+                    let placed: Value = response.json().await.unwrap();
+                    accepted
+                        .lock()
+                        .unwrap()
+                        .insert(placed["order"].as_str().unwrap().to_owned());
+                    break;
+                }
+                _ => {
+                    retries += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+    retries
+}
+
+async fn stats(base: &str) -> Option<Value> {
+    reqwest::get(format!("{base}/stats")).await.ok()?.json().await.ok()
+}
+
+fn figure(stats: &Value, name: &str) -> i64 {
+    stats[name]
+        .as_i64()
+        .unwrap_or_else(|| panic!("stats lack {name}: {stats}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
+    let (Some(amqp), Some(postgres)) = (
+        amqp_url(),
+        idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
+    ) else {
+        return;
+    };
+    let database = fresh_database(&postgres, &format!("pipeline_{}", std::process::id())).await;
+    let binary = ci::example_binary("pipeline");
+    let port = harness::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let args: Vec<String> = [
+        "--database-url",
+        &database,
+        "--amqp-url",
+        &amqp,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--effect-delay-ms",
+        "20",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let mut parts = vec![
+        Part::start(&binary, "http", &args),
+        Part::start(&binary, "relay", &args),
+        Part::start(&binary, "consumer", &args),
+        Part::start(&binary, "consumer", &args),
+    ];
+    harness::until_listening(port, "the pipeline's HTTP server");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(Mutex::new(BTreeSet::new()));
+    let customers: Vec<_> = (0..6)
+        .map(|i| tokio::spawn(customer(base.clone(), format!("c{i}"), stop.clone(), accepted.clone())))
+        .collect();
+
+    // The kill schedule: 24 s of load, a kill every 0.4–1.2 s of a random part, and the
+    // broker killed and started again once, at about 10 s.
+    let started = Instant::now();
+    let mut broker_restarted = false;
+    let mut rng = rand::rng();
+    while started.elapsed() < Duration::from_secs(24) {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(400..1200))).await;
+        if !broker_restarted && started.elapsed() > Duration::from_secs(10) {
+            ci::ci_script("start-rabbitmq", &["kill"]);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            ci::ci_script("start-rabbitmq", &["start"]);
+            broker_restarted = true;
+            continue;
+        }
+        let victim = rng.random_range(0..parts.len());
+        parts[victim].kill_and_restart(&binary);
+        if parts[victim].role == "http" {
+            harness::until_listening(port, "the pipeline's HTTP server");
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut retries = 0;
+    for customer in customers {
+        retries += customer.await.unwrap();
+    }
+    assert!(broker_restarted, "the broker was restarted");
+
+    // Drain: nothing pending, every order with its effects.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let drained = loop {
+        let now = stats(&base).await;
+        if let Some(now) = &now {
+            if figure(now, "pending") == 0 && figure(now, "orders_without_one_effect") == 0 {
+                // One more look after the consumers' requeue pause: nothing moves.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                break stats(&base).await.unwrap();
+            }
+        }
+        assert!(Instant::now() < deadline, "the pipeline did not drain: {now:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let accepted = accepted.lock().unwrap().clone();
+    let kills: Vec<String> = parts.iter().map(|p| format!("{} {}", p.role, p.kills)).collect();
+    println!(
+        "pipeline under kills: {} orders accepted, {retries} client retries, kills [{}], broker restarted once; figures {drained}",
+        accepted.len(),
+        kills.join(", ")
+    );
+
+    // Every accepted order exists; every order has exactly one points row and one SMS
+    // row; no effect without its order.
+    let orders = figure(&drained, "orders");
+    assert!(accepted.len() > 100, "the load placed orders: {}", accepted.len());
+    assert!(
+        orders >= accepted.len() as i64,
+        "an accepted order is missing: {drained}"
+    );
+    assert_eq!(figure(&drained, "orders_without_one_effect"), 0, "{drained}");
+    assert_eq!(figure(&drained, "effects_without_order"), 0, "{drained}");
+    assert_eq!(figure(&drained, "points"), orders, "{drained}");
+    assert_eq!(figure(&drained, "sms"), orders, "{drained}");
+    assert_eq!(figure(&drained, "published"), orders, "{drained}");
+    // The faults happened: the broker delivered some messages again, and the consumers
+    // absorbed deliveries of messages already handled.
+    assert!(
+        figure(&drained, "redelivered") > 0,
+        "no message was redelivered: {drained}"
+    );
+    assert!(parts.iter().all(|p| p.kills > 0), "every part was killed: {kills:?}");
+    // Every accepted order is in the database under its own reference.
+    let pool = idem::sqlx::PgPool::connect(&database).await.unwrap();
+    let stored: Vec<(String,)> = idem::sqlx::query_as("SELECT order_ref FROM pipeline_orders")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    let stored: BTreeSet<String> = stored.into_iter().map(|(r,)| r).collect();
+    assert!(accepted.is_subset(&stored), "an accepted order is not stored");
+}
