@@ -165,7 +165,7 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
     ]
     .map(str::to_owned)
     .to_vec();
-    let mut parts = vec![
+    let mut parts = [
         Part::start(&binary, "http", &args),
         Part::start(&binary, "relay", &args),
         Part::start(&binary, "consumer", &args),

@@ -594,6 +594,7 @@ async fn memory_per_record() -> (u64, usize) {
 
 mod growth;
 mod http_layer;
+mod messages;
 mod redis_floor;
 mod seed_floor;
 mod transactional;
@@ -618,6 +619,10 @@ async fn main() {
         transactional::report(&backends, calls).await;
         return;
     }
+    if args.iter().any(|a| a == "--messages-only") {
+        messages::report(calls).await;
+        return;
+    }
     if args.iter().any(|a| a == "--http-only") {
         http_layer::report(&backends, calls).await;
         return;
@@ -633,6 +638,7 @@ async fn main() {
 
     transactional::report(&backends, calls).await;
     http_layer::report(&backends, calls).await;
+    messages::report(calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");
     println!("|---|---|---|---|");

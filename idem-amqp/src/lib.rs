@@ -44,7 +44,7 @@
 //! tokio::spawn(async move { relay.run().await });
 //!
 //! // The consumer: one credit per message, however often it is delivered.
-//! let credit = Idempotent::new("credit-points").store(store);
+//! let credit = Idempotent::new("credit-points").store(std::sync::Arc::new(store));
 //! Consumer::new(amqp, "orders")
 //!     .on_connect(declare)
 //!     .run(|message: Message<OrderPlaced>| {

@@ -36,7 +36,9 @@ pub enum RelayError {
 /// set and the row id as its `message-id`, waits for the broker's confirms, and marks
 /// sent — in the same transaction — exactly the rows the broker acked and routed. A row
 /// the broker refused, returned as unroutable, or never confirmed stays unsent and is
-/// published again in a later round.
+/// published again in a later round (after the idle pause when the round marked
+/// nothing, so a row no queue takes is retried, not spun on; rows behind it go on as
+/// long as a batch holds more than the rows that keep failing).
 ///
 /// Killed at any point, a relay loses nothing: rows it published but had not marked are
 /// published again by the next relay (its locks went with its connection), so a message
@@ -165,6 +167,8 @@ impl<DB: OutboxDatabase> Relay<DB> {
         let mut database_backoff = Backoff::new();
         loop {
             match self.round(&channel).await {
+                // Nothing found, or nothing the broker took (an unroutable row at the
+                // head): wait before the next round rather than spin.
                 Ok(0) => tokio::time::sleep(self.idle).await,
                 Ok(_) => database_backoff.reset(),
                 Err(RelayError::Broker(error)) => return Err(error),
@@ -177,7 +181,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 
     /// One round on `channel` (in confirm mode): claim a batch, publish it, mark what
-    /// the broker confirmed. How many rows it found.
+    /// the broker confirmed. How many rows it marked sent.
     pub async fn round(&self, channel: &Channel) -> Result<usize, RelayError> {
         let table = self.outbox.table();
         let limit = i64::from(self.batch);
@@ -188,13 +192,13 @@ impl<DB: OutboxDatabase> Relay<DB> {
             DB::mark_sent(&mut transaction, table, &confirmed).await?;
             transaction.commit().await?;
             self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
-            Ok(rows.len())
+            Ok(confirmed.len())
         } else {
             let rows = DB::claim(&mut *self.pool.acquire().await?, table, limit).await?;
             let confirmed = self.publish(channel, &rows).await?;
             DB::mark_sent(&mut *self.pool.acquire().await?, table, &confirmed).await?;
             self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
-            Ok(rows.len())
+            Ok(confirmed.len())
         }
     }
 

@@ -1,0 +1,175 @@
+//! Messages on RabbitMQ (`IDEM_TEST_AMQP_URL`): the consumer helper's cost per message
+//! against a bare lapin consumer that acks, and the outbox relay's throughput on
+//! PostgreSQL (`IDEM_TEST_POSTGRES_URL`). Persistent messages on durable queues, every
+//! publish confirmed.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use idem::amqp::lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use idem::amqp::lapin::types::FieldTable;
+use idem::amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use idem::amqp::{Consumer, Message, Outbox, OutboxMessage, Relay};
+use idem::{Error, Idempotent};
+use serde_json::Value;
+
+const PREFETCH: u16 = 16;
+
+async fn channel(url: &str) -> (Connection, Channel) {
+    let connection = Connection::connect(url, ConnectionProperties::default()).await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    (connection, channel)
+}
+
+/// A fresh durable queue holding `n` persistent messages with ids `0..n`, published
+/// with confirms.
+async fn filled(channel: &Channel, queue: &str, n: usize) {
+    channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    channel.confirm_select(ConfirmSelectOptions::default()).await.unwrap();
+    for id in 0..n {
+        let properties = BasicProperties::default()
+            .with_message_id(id.to_string().into())
+            .with_delivery_mode(2);
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                br#"{"points": 7}"#,
+                properties,
+            )
+            .await
+            .unwrap();
+    }
+    channel.wait_for_confirms().await.unwrap();
+}
+
+/// A bare lapin consumer: ack every delivery; µs per message.
+async fn bare(url: &str, queue: &str, n: usize) -> f64 {
+    let (_connection, channel) = channel(url).await;
+    filled(&channel, queue, n).await;
+    channel.basic_qos(PREFETCH, BasicQosOptions::default()).await.unwrap();
+    let started = Instant::now();
+    let deliveries = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    deliveries
+        .take(n)
+        .for_each_concurrent(usize::from(PREFETCH), |delivery| async move {
+            delivery.unwrap().acker.ack(BasicAckOptions::default()).await.unwrap();
+        })
+        .await;
+    started.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// The consumer helper with `handler`; µs per message.
+async fn helper<F, Fut>(url: &str, queue: &str, n: usize, handler: F) -> f64
+where
+    F: Fn(Message<Value>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
+{
+    let (_connection, channel) = channel(url).await;
+    filled(&channel, queue, n).await;
+    let consumer = Consumer::new(url, queue).prefetch(PREFETCH);
+    let started = Instant::now();
+    let watched = consumer.clone();
+    let done = async move {
+        while watched.stats().acked < n as u64 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    consumer.run_until(done, handler).await;
+    started.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// Rows of an outbox on PostgreSQL relayed by `relays` relays; messages per second.
+async fn relay(url: &str, database: &str, n: usize, relays: usize) -> f64 {
+    let pool = idem::sqlx::PgPool::connect(database).await.unwrap();
+    let (_connection, channel) = channel(url).await;
+    filled(&channel, "idem.bench.relay", 0).await;
+    let outbox = Outbox::<idem::sqlx::Postgres>::named("idem_bench_outbox").unwrap();
+    idem::sqlx::query("DROP TABLE IF EXISTS idem_bench_outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let message = OutboxMessage::json("", "idem.bench.relay", &serde_json::json!({"points": 7})).unwrap();
+    for _ in 0..n {
+        outbox.push(&mut tx, &message).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let started = Instant::now();
+    let relays: Vec<_> = (0..relays)
+        .map(|_| Relay::new(pool.clone(), outbox.clone(), url).idle(Duration::from_millis(5)))
+        .collect();
+    let watching = outbox.clone();
+    let counting = pool.clone();
+    let done = async move {
+        while watching.counts(&counting).await.unwrap().sent < n as i64 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let running = futures::future::join_all(relays.iter().map(|relay| relay.run()));
+    tokio::select! {
+        () = done => {}
+        _ = running => {}
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+pub async fn report(calls: usize) {
+    let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") else {
+        println!("\n(messages: IDEM_TEST_AMQP_URL unset, RabbitMQ not measured)");
+        return;
+    };
+    println!("\n| messages on RabbitMQ (persistent, durable queue, prefetch {PREFETCH}) | µs per message | ÷ bare |");
+    println!("|---|---|---|");
+    let bare_us = bare(&url, "idem.bench.bare", calls).await;
+    println!("| bare lapin consumer, ack each | {bare_us:.0} | 1.00 |");
+    let helper_us = helper(&url, "idem.bench.helper", calls, |_message| async { Ok(Value::Null) }).await;
+    println!(
+        "| `Consumer`, handler answers at once | {helper_us:.0} | {:.2} |",
+        helper_us / bare_us
+    );
+    if let Ok(database) = std::env::var("IDEM_TEST_POSTGRES_URL") {
+        let store = idem::sql::open(&database).await.unwrap();
+        let op = Arc::new(Idempotent::new(format!("bench.amqp.{}", std::process::id())).store(store));
+        let idem_us = helper(&url, "idem.bench.idem", calls, move |message: Message<Value>| {
+            let op = op.clone();
+            async move { op.execute(&message.key, async { Ok::<_, Error>(message.body) }).await }
+        })
+        .await;
+        println!(
+            "| `Consumer` + idempotent handler on PostgreSQL (claim + record) | {idem_us:.0} | {:.2} |",
+            idem_us / bare_us
+        );
+        println!("\n| outbox relay, PostgreSQL → RabbitMQ, confirms | messages/s |");
+        println!("|---|---|");
+        for relays in [1, 3] {
+            let rate = relay(&url, &database, calls * 5, relays).await;
+            println!("| {relays} relay(s), batch 100 | {rate:.0} |");
+        }
+    }
+}

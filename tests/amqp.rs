@@ -1,0 +1,440 @@
+//! The RabbitMQ consumer and the outbox relay against a real broker (`IDEM_TEST_AMQP_URL`,
+//! started by `.ci/start-rabbitmq`): what each kind of answer does to a delivery, and
+//! relays sharing one outbox. Prints NOT RUN without a broker outside CI.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem::amqp::lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
+use idem::amqp::lapin::types::{AMQPValue, FieldTable};
+use idem::amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use idem::amqp::{Consumer, ConsumerStats, HandlerError, KeySource, Message, OnFailure, Outbox, OutboxMessage, Relay};
+use idem::{Error, Idempotent, MemoryStore, OnError};
+use idem_testkit::conformance::faulty::{Fault, FaultyStore, Op, Store};
+use serde_json::{json, Value};
+
+/// The broker's URL, or `None` (and a line saying so) outside CI.
+fn amqp_url() -> Option<String> {
+    if let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") {
+        return Some(url);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "IDEM_TEST_AMQP_URL is not set: CI must run the message tests against RabbitMQ (see .ci/run)"
+    );
+    eprintln!("NOT RUN: the message tests need IDEM_TEST_AMQP_URL (`.ci/start-rabbitmq` starts a node and prints it)");
+    None
+}
+
+/// A channel, and a fresh durable queue `name` (dead-lettering to `name.dead`, which is
+/// made fresh too).
+async fn fresh_queue(url: &str, name: &str) -> Channel {
+    let connection = Connection::connect(url, ConnectionProperties::default()).await.unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    let dead = format!("{name}.dead");
+    for queue in [name, dead.as_str()] {
+        channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    arguments.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(dead.as_str().into()),
+    );
+    channel.queue_declare(name.into(), durable, arguments).await.unwrap();
+    channel
+        .queue_declare(dead.as_str().into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    // The connection lives as long as the channel is used: leaked on purpose in tests.
+    std::mem::forget(connection);
+    channel
+}
+
+async fn publish(channel: &Channel, queue: &str, id: Option<&str>, body: &[u8]) {
+    let mut properties = BasicProperties::default().with_delivery_mode(2);
+    if let Some(id) = id {
+        properties = properties.with_message_id(id.into());
+    }
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap();
+}
+
+/// How many messages wait in `queue`.
+async fn waiting(channel: &Channel, queue: &str) -> u32 {
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .unwrap()
+        .message_count()
+}
+
+/// Run `consumer` with `handler` in the background until the returned sender is
+/// dropped or sent to.
+fn spawn<F, Fut, E>(consumer: Consumer, handler: F) -> tokio::sync::oneshot::Sender<()>
+where
+    F: Fn(Message<Value>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<Value, E>> + Send + 'static,
+    E: HandlerError + Send + 'static,
+{
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        consumer
+            .run_until(
+                async {
+                    let _ = stopped.await;
+                },
+                handler,
+            )
+            .await;
+    });
+    stop
+}
+
+/// Wait (at most 20 s) until `done` holds of the consumer's stats.
+async fn until(consumer: &Consumer, done: impl Fn(&ConsumerStats) -> bool) -> ConsumerStats {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = consumer.stats();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "consumer stuck: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A handler's error: idem's, or the business's own refusal.
+#[derive(Debug, thiserror::Error)]
+enum CreditError {
+    #[error(transparent)]
+    Idem(#[from] Error),
+    #[error("the business refused")]
+    Refused,
+}
+
+impl HandlerError for CreditError {
+    fn idem_error(&self) -> Option<&Error> {
+        match self {
+            CreditError::Idem(error) => Some(error),
+            CreditError::Refused => None,
+        }
+    }
+}
+
+type Answer = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, CreditError>> + Send>>;
+
+/// A handler running `op` keyed by the message key; `runs` counts bodies, each taking
+/// `pause`, and refusing when `fail`.
+fn counted(
+    op: Idempotent,
+    runs: Arc<AtomicU32>,
+    pause: Duration,
+    fail: bool,
+) -> impl Fn(Message<Value>) -> Answer + Send + Sync + 'static {
+    move |message| {
+        let (op, runs) = (op.clone(), runs.clone());
+        Box::pin(async move {
+            op.execute(&message.key, async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(pause).await;
+                if fail {
+                    return Err(CreditError::Refused);
+                }
+                Ok(json!({"credited": message.body["points"]}))
+            })
+            .await
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivered_again_finished_message_is_acked_with_the_first_answer_and_not_run() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.replay";
+    let channel = fresh_queue(&url, queue).await;
+    for _ in 0..3 {
+        publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+    }
+    publish(&channel, queue, Some("order-2"), br#"{"points": 9}"#).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let op = Idempotent::new("amqp.replay").store(Arc::new(MemoryStore::new()));
+    // One delivery at a time: each duplicate meets the finished record.
+    let consumer = Consumer::new(&url, queue).prefetch(1);
+    let handler = counted(op, runs.clone(), Duration::ZERO, false);
+    let seen = answers.clone();
+    let _stop = spawn(consumer.clone(), move |message| {
+        let (handler, seen) = (handler(message), seen.clone());
+        async move {
+            let answer = handler.await?;
+            seen.lock().unwrap().push(answer.clone());
+            Ok::<_, CreditError>(answer)
+        }
+    });
+    let stats = until(&consumer, |s| s.acked == 4).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "one body per message id");
+    let answers = answers.lock().unwrap().clone();
+    assert_eq!(
+        answers.iter().filter(|a| **a == json!({"credited": 7})).count(),
+        3,
+        "{answers:?}"
+    );
+    assert_eq!((stats.requeued, stats.failed), (0, 0));
+    assert_eq!(waiting(&channel, queue).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_still_running_elsewhere_is_not_acked_and_comes_back_after_a_pause() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.in_progress";
+    let channel = fresh_queue(&url, queue).await;
+    publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+    publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let op = Idempotent::new("amqp.in_progress").store(Arc::new(MemoryStore::new()));
+    // Two consumers, one delivery each; the body takes 1.5 s, the pause is 300 ms.
+    let pause = Duration::from_millis(300);
+    let first = Consumer::new(&url, queue).prefetch(1).redeliver_after(pause);
+    let second = Consumer::new(&url, queue).prefetch(1).redeliver_after(pause);
+    let started = Instant::now();
+    let _a = spawn(
+        first.clone(),
+        counted(op.clone(), runs.clone(), Duration::from_millis(1500), false),
+    );
+    let _b = spawn(
+        second.clone(),
+        counted(op, runs.clone(), Duration::from_millis(1500), false),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.stats().acked + second.stats().acked < 2 {
+        assert!(Instant::now() < deadline, "{:?} {:?}", first.stats(), second.stats());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let requeued = first.stats().requeued + second.stats().requeued;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
+    assert!(requeued >= 1, "the duplicate met the running body and was requeued");
+    // Not a hot loop: each requeue waited its pause while the body ran.
+    assert!(
+        requeued <= 1 + (started.elapsed().as_millis() / pause.as_millis()) as u64,
+        "{requeued} requeues"
+    );
+    assert_eq!(waiting(&channel, queue).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_error_never_acks() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.store_error";
+    let channel = fresh_queue(&url, queue).await;
+    publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+    let memory: Store = Arc::new(MemoryStore::new());
+    let faulty = FaultyStore::new(&memory);
+    faulty.inject(Op::Claim, Fault::Fail, 3);
+    let runs = Arc::new(AtomicU32::new(0));
+    let op = Idempotent::new("amqp.store_error").store(faulty.shared());
+    let consumer = Consumer::new(&url, queue).redeliver_after(Duration::from_millis(100));
+    let _stop = spawn(consumer.clone(), counted(op, runs.clone(), Duration::ZERO, false));
+    let stats = until(&consumer, |s| s.acked == 1).await;
+    assert_eq!(faulty.errors(Op::Claim), 3);
+    assert_eq!(
+        stats.requeued, 3,
+        "each failed claim left the message unacked: {stats:?}"
+    );
+    assert_eq!(stats.redelivered, 3, "and the broker delivered it again: {stats:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(waiting(&channel, queue).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_failure_follows_the_policy_and_what_cannot_run_is_not_run() {
+    let Some(url) = amqp_url() else { return };
+    for (queue, policy) in [
+        ("idem.test.dead_letter", OnFailure::DeadLetter),
+        ("idem.test.ack_and_drop", OnFailure::AckAndDrop),
+    ] {
+        let channel = fresh_queue(&url, queue).await;
+        publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+        // No key, and a body that is not JSON: never run.
+        publish(&channel, queue, None, br#"{"points": 8}"#).await;
+        publish(&channel, queue, Some("order-2"), b"not json").await;
+        let runs = Arc::new(AtomicU32::new(0));
+        let op = Idempotent::new(format!("amqp.{queue}"))
+            .store(Arc::new(MemoryStore::new()))
+            .on_error(OnError::Record);
+        let consumer = Consumer::new(&url, queue)
+            .redeliver_after(Duration::from_millis(100))
+            .on_failure(policy);
+        let _stop = spawn(consumer.clone(), counted(op, runs.clone(), Duration::ZERO, true));
+        let stats = until(&consumer, |s| s.failed == 3).await;
+        // The body failed once (recorded); its redelivery met the record, final.
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{queue}");
+        assert_eq!((stats.requeued, stats.acked), (1, 0), "{queue}: {stats:?}");
+        assert_eq!(waiting(&channel, queue).await, 0, "{queue}");
+        let dead = waiting(&channel, &format!("{queue}.dead")).await;
+        match policy {
+            OnFailure::DeadLetter => assert_eq!(dead, 3, "{queue}: dead-lettered"),
+            _ => assert_eq!(dead, 0, "{queue}: dropped"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_can_come_from_a_header() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.header_key";
+    let channel = fresh_queue(&url, queue).await;
+    for n in [41i64, 41, 42] {
+        let mut headers = FieldTable::default();
+        headers.insert("order".into(), AMQPValue::LongLongInt(n));
+        let properties = BasicProperties::default().with_headers(headers);
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                b"{}",
+                properties,
+            )
+            .await
+            .unwrap();
+    }
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let consumer = Consumer::new(&url, queue).key(KeySource::Header("order".into()));
+    let seen = keys.clone();
+    let _stop = spawn(consumer.clone(), move |message: Message<Value>| {
+        seen.lock().unwrap().push(message.key);
+        async { Ok::<_, Error>(Value::Null) }
+    });
+    until(&consumer, |s| s.acked == 3).await;
+    assert_eq!(*keys.lock().unwrap(), ["41", "41", "42"]);
+}
+
+/// Relays at once on one outbox: every row published once (where rows are locked), in
+/// confirmed order of marking; an unroutable row stays unsent and does not hold back
+/// the rows behind it.
+async fn relays_share_an_outbox<DB: idem::amqp::OutboxDatabase>(
+    url: &str,
+    pool: idem::sqlx::Pool<DB>,
+    name: &str,
+    relays: usize,
+) {
+    let queue = format!("idem.test.relay.{name}");
+    let channel = fresh_queue(url, &queue).await;
+    let outbox = Outbox::<DB>::named(&format!("outbox_{name}_{}", std::process::id())).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let rows = 600;
+    {
+        let mut connection = pool.acquire().await.unwrap();
+        let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"lost": true})).unwrap();
+        outbox.push(&mut connection, &nowhere).await.unwrap();
+        for n in 0..rows {
+            let message = OutboxMessage::json("", queue.as_str(), &json!({"n": n})).unwrap();
+            outbox.push(&mut connection, &message).await.unwrap();
+        }
+    }
+    let delivered = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
+    let consumer = Consumer::new(url, queue.as_str()).prefetch(64);
+    let seen = delivered.clone();
+    let _stop_consumer = spawn(consumer.clone(), move |message: Message<Value>| {
+        *seen.lock().unwrap().entry(message.key).or_default() += 1;
+        async { Ok::<_, Error>(Value::Null) }
+    });
+    let started = Instant::now();
+    let relays: Vec<Relay<DB>> = (0..relays)
+        .map(|_| {
+            Relay::new(pool.clone(), outbox.clone(), url)
+                .batch(50)
+                .idle(Duration::from_millis(20))
+        })
+        .collect();
+    let mut stops = Vec::new();
+    for relay in &relays {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let relay = relay.clone();
+        tokio::spawn(async move {
+            relay
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        stops.push(stop);
+    }
+    until(&consumer, |s| s.acked >= rows).await;
+    let elapsed = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let counts = outbox.counts(&pool).await.unwrap();
+    assert_eq!(
+        (counts.pending, counts.sent),
+        (1, rows as i64),
+        "{name}: the unroutable row stays unsent"
+    );
+    let delivered = delivered.lock().unwrap().clone();
+    assert_eq!(delivered.len(), rows as usize, "{name}: every row arrived");
+    let twice: Vec<_> = delivered.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{name}: rows published twice by relays at once: {twice:?}"
+    );
+    let returned: u64 = relays.iter().map(|r| r.stats().returned).sum();
+    assert!(returned >= 1, "{name}: the broker returned the unroutable row");
+    let published: u64 = relays.iter().map(|r| r.stats().published).sum();
+    println!(
+        "{name}: {} relays published {rows} rows in {elapsed:?} ({published} publishes, {returned} returned)",
+        relays.len()
+    );
+    drop(channel);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_on_postgres_share_an_outbox() {
+    let Some(url) = amqp_url() else { return };
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let pool = idem::sqlx::PgPool::connect(&database).await.unwrap();
+    relays_share_an_outbox(&url, pool, "postgres", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_on_mariadb_share_an_outbox() {
+    let Some(url) = amqp_url() else { return };
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
+        return;
+    };
+    let pool = idem::sqlx::MySqlPool::connect(&database).await.unwrap();
+    relays_share_an_outbox(&url, pool, "mariadb", 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_on_sqlite_publishes_its_outbox() {
+    let Some(url) = amqp_url() else { return };
+    let file = std::env::temp_dir().join(format!("idem-outbox-{}.db", std::process::id()));
+    let pool = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
+        .await
+        .unwrap();
+    relays_share_an_outbox(&url, pool, "sqlite", 1).await;
+    let _ = std::fs::remove_file(file);
+}
