@@ -23,7 +23,7 @@
 //!   `Idempotency-Key` layer replays a retry's response; under it the order, its outbox
 //!   message and the order's record commit in one transaction, so even a retry that
 //!   reaches a restarted server after the first response was lost finds the order.
-//! - The relay publishes outbox rows to the durable queue `pipeline.orders`.
+//! - The relay publishes outbox rows to the durable queue `pipeline.orders` (`--queue`).
 //! - The consumer credits points and writes an SMS row per message, in one transaction
 //!   with the message's record: a redelivery (the consumer died before its ack, or the
 //!   relay published twice) replays and is acked without a second effect.
@@ -50,9 +50,6 @@ use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 
-/// The queue the orders travel on.
-const QUEUE: &str = "pipeline.orders";
-
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Orders → outbox → relay → RabbitMQ → idempotent consumer → effects")]
 struct Options {
@@ -68,6 +65,9 @@ struct Options {
     /// Which part to run.
     #[arg(long, value_enum, default_value_t = Role::All)]
     role: Role,
+    /// The durable queue the orders travel on.
+    #[arg(long, default_value = "pipeline.orders")]
+    queue: String,
     /// How long each effect takes (the consumer's work), in milliseconds.
     #[arg(long, default_value_t = 0)]
     effect_delay_ms: u64,
@@ -164,13 +164,13 @@ impl IntoResponse for AppError {
 }
 
 /// Declare the durable queue on a new channel (relay and consumer alike).
-async fn declare(channel: Channel) -> Result<(), idem::amqp::lapin::Error> {
+async fn declare(channel: Channel, queue: String) -> Result<(), idem::amqp::lapin::Error> {
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
     channel
-        .queue_declare(QUEUE.into(), durable, FieldTable::default())
+        .queue_declare(queue.into(), durable, FieldTable::default())
         .await?;
     Ok(())
 }
@@ -219,9 +219,9 @@ fn numbered(sql: &str) -> String {
 }
 
 /// The application on one database: `$db` its sqlx type, `$sql` how a statement with
-/// `?` placeholders is written for it.
+/// `?` placeholders is written for it, `$lock` what serializes creating the tables.
 macro_rules! pipeline {
-    ($module:ident, $db:ty, $sql:expr) => {
+    ($module:ident, $db:ty, $sql:expr, $lock:expr) => {
         mod $module {
             use super::*;
             use idem::idempotent;
@@ -240,6 +240,7 @@ macro_rules! pipeline {
                 order_ref: &str,
                 order: &NewOrder,
                 outbox: &Outbox<Db>,
+                queue: &str,
             ) -> Result<Placed, AppError> {
                 let points = order.cents / 100;
                 let message = OrderPlaced {
@@ -247,7 +248,7 @@ macro_rules! pipeline {
                     customer: order.customer.clone(),
                     points,
                 };
-                let message_id = outbox.push(tx, &OutboxMessage::json("", QUEUE, &message)?).await?;
+                let message_id = outbox.push(tx, &OutboxMessage::json("", queue, &message)?).await?;
                 sqlx::query(&sql("INSERT INTO pipeline_orders (order_ref, customer, cents, message_id) VALUES (?, ?, ?, ?)"))
                     .bind(order_ref)
                     .bind(&order.customer)
@@ -309,6 +310,7 @@ macro_rules! pipeline {
             struct App {
                 pool: Pool<Db>,
                 outbox: Outbox<Db>,
+                queue: String,
             }
 
             async fn order(State(app): State<App>, headers: HeaderMap, Json(order): Json<NewOrder>) -> Result<impl IntoResponse, AppError> {
@@ -320,7 +322,7 @@ macro_rules! pipeline {
                 let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
                 let order_ref = format!("{}/{}", header("authorization").trim_start_matches("Bearer "), header("idempotency-key"));
                 let mut tx = app.pool.begin().await?;
-                let placed = place(&mut tx, &order_ref, &order, &app.outbox).await?;
+                let placed = place(&mut tx, &order_ref, &order, &app.outbox, &app.queue).await?;
                 tx.commit().await?;
                 Ok((StatusCode::CREATED, Json(placed)))
             }
@@ -357,20 +359,29 @@ macro_rules! pipeline {
                     .connect(&options.database_url)
                     .await?;
                 let records = idem::sql::open(&options.database_url).await?;
-                for table in TABLES {
-                    sqlx::query(table).execute(&pool).await?;
+                // Parts starting at once must not race to create the tables: on
+                // PostgreSQL, one at a time under an advisory lock.
+                let mut tx = pool.begin().await?;
+                if let Some(lock) = $lock {
+                    sqlx::query(lock).execute(&mut *tx).await?;
                 }
+                for table in TABLES {
+                    sqlx::query(table).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
                 let outbox = Outbox::<Db>::new();
                 outbox.migrate(&pool).await?;
-                let app = App { pool: pool.clone(), outbox: outbox.clone() };
+                let app = App { pool: pool.clone(), outbox: outbox.clone(), queue: options.queue.clone() };
+                let queue = options.queue.clone();
+                let declare = move |channel| declare(channel, queue.clone());
                 let mut parts = tokio::task::JoinSet::new();
                 if options.role.runs(Role::Relay) {
-                    let relay = Relay::new(pool.clone(), outbox.clone(), options.amqp_url.clone()).on_connect(declare);
+                    let relay = Relay::new(pool.clone(), outbox.clone(), options.amqp_url.clone()).on_connect(declare.clone());
                     parts.spawn(async move { relay.run().await });
                 }
                 if options.role.runs(Role::Consumer) {
                     let delay = Duration::from_millis(options.effect_delay_ms);
-                    let consumer = Consumer::new(options.amqp_url.clone(), QUEUE).on_connect(declare);
+                    let consumer = Consumer::new(options.amqp_url.clone(), options.queue.clone()).on_connect(declare.clone());
                     let pool = pool.clone();
                     parts.spawn(async move { consumer.run(|message| consume(&pool, message, delay)).await });
                 }
@@ -407,9 +418,14 @@ macro_rules! pipeline {
     };
 }
 
-pipeline!(postgres, idem::sqlx::Postgres, numbered);
-pipeline!(mysql, idem::sqlx::MySql, str::to_owned);
-pipeline!(sqlite, idem::sqlx::Sqlite, str::to_owned);
+pipeline!(
+    postgres,
+    idem::sqlx::Postgres,
+    numbered,
+    Some("SELECT pg_advisory_xact_lock(hashtext('pipeline'))")
+);
+pipeline!(mysql, idem::sqlx::MySql, str::to_owned, None::<&str>);
+pipeline!(sqlite, idem::sqlx::Sqlite, str::to_owned, None::<&str>);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -3,8 +3,9 @@
 //! moments and RabbitMQ is killed and restarted once; then everything drains, and every
 //! order has exactly one effect and no effect lacks its order.
 //!
-//! Needs PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and RabbitMQ (`IDEM_TEST_AMQP_URL`,
-//! started by `.ci/start-rabbitmq`); prints NOT RUN without them outside CI.
+//! Runs on PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and MariaDB (`IDEM_TEST_MYSQL_URL`) with
+//! RabbitMQ (`IDEM_TEST_AMQP_URL`, started by `.ci/start-rabbitmq`); prints NOT RUN
+//! without them outside CI.
 
 #[path = "support/ci.rs"]
 mod ci;
@@ -32,20 +33,42 @@ fn amqp_url() -> Option<String> {
     None
 }
 
-/// A fresh database on the test's PostgreSQL server for one run.
-async fn fresh_database(url: &str, name: &str) -> String {
+/// Run `statement` on the server at `url` (PostgreSQL or MariaDB).
+async fn run_sql(url: &str, statement: &str) {
     use idem::sqlx::Connection;
-    let mut admin = idem::sqlx::PgConnection::connect(url).await.unwrap();
-    idem::sqlx::query(&format!("DROP DATABASE IF EXISTS {name}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
-    idem::sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+    if url.starts_with("postgres") {
+        let mut connection = idem::sqlx::PgConnection::connect(url).await.unwrap();
+        idem::sqlx::query(statement).execute(&mut connection).await.unwrap();
+    } else {
+        let mut connection = idem::sqlx::MySqlConnection::connect(url).await.unwrap();
+        idem::sqlx::query(statement).execute(&mut connection).await.unwrap();
+    }
+}
+
+/// A fresh database on the server at `url` for one run; its URL.
+async fn fresh_database(url: &str, name: &str) -> String {
+    run_sql(url, &format!("DROP DATABASE IF EXISTS {name}")).await;
+    run_sql(url, &format!("CREATE DATABASE {name}")).await;
     let (base, _) = url.rsplit_once('/').unwrap();
     format!("{base}/{name}")
+}
+
+/// The orders stored in the pipeline's database at `url`.
+async fn stored_orders(url: &str) -> BTreeSet<String> {
+    let query = "SELECT order_ref FROM pipeline_orders";
+    let rows: Vec<(String,)> = if url.starts_with("postgres") {
+        let pool = idem::sqlx::PgPool::connect(url).await.unwrap();
+        idem::sqlx::query_as(query).fetch_all(&pool).await.unwrap()
+    } else {
+        let pool = idem::sqlx::MySqlPool::connect(url).await.unwrap();
+        idem::sqlx::query_as(query).fetch_all(&pool).await.unwrap()
+    };
+    rows.into_iter().map(|(order,)| order).collect()
+}
+
+/// Where the parts' stderr goes (warnings, and why a part could not start).
+fn log_path() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("idem-pipeline-{}.log", std::process::id()))
 }
 
 /// One part of the pipeline as its own process, started again after each kill.
@@ -67,12 +90,18 @@ impl Part {
         }
     }
 
+    /// The part's process, its output appended to `<temp>/idem-pipeline-<pid>.log`.
     fn spawn(binary: &str, role: &str, args: &[String]) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path())
+            .unwrap();
         Command::new(binary)
             .args(args)
             .args(["--role", role])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start the pipeline")
     }
@@ -141,15 +170,24 @@ fn figure(stats: &Value, name: &str) -> i64 {
         .unwrap_or_else(|| panic!("stats lack {name}: {stats}"))
 }
 
+/// On PostgreSQL, then on MariaDB (one after the other: both restart the one broker).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
-    let (Some(amqp), Some(postgres)) = (
-        amqp_url(),
-        idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
-    ) else {
-        return;
-    };
-    let database = fresh_database(&postgres, &format!("pipeline_{}", std::process::id())).await;
+    let Some(amqp) = amqp_url() else { return };
+    let servers = [
+        ("postgres", "IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
+        ("mariadb", "IDEM_TEST_MYSQL_URL", "MariaDB"),
+    ];
+    for (name, var, backend) in servers {
+        if let Some(server) = idem_testkit::conformance::server_url(var, backend) {
+            pipeline_under_kills(&amqp, &server, name).await;
+        }
+    }
+}
+
+async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
+    let database = fresh_database(server, &format!("pipeline_{name}_{}", std::process::id())).await;
+    let queue = format!("pipeline.orders.{name}.{}", std::process::id());
     let binary = ci::example_binary("pipeline");
     let port = harness::free_port();
     let base = format!("http://127.0.0.1:{port}");
@@ -157,11 +195,13 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
         "--database-url",
         &database,
         "--amqp-url",
-        &amqp,
+        amqp,
+        "--queue",
+        &queue,
         "--listen",
         &format!("127.0.0.1:{port}"),
         "--effect-delay-ms",
-        "20",
+        "100",
     ]
     .map(str::to_owned)
     .to_vec();
@@ -171,7 +211,10 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
         Part::start(&binary, "consumer", &args),
         Part::start(&binary, "consumer", &args),
     ];
-    harness::until_listening(port, "the pipeline's HTTP server");
+    harness::until_listening(
+        port,
+        &format!("the pipeline's HTTP server (see {})", log_path().display()),
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let accepted = Arc::new(Mutex::new(BTreeSet::new()));
@@ -179,10 +222,11 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
         .map(|i| tokio::spawn(customer(base.clone(), format!("c{i}"), stop.clone(), accepted.clone())))
         .collect();
 
-    // The kill schedule: 24 s of load, a kill every 0.4–1.2 s of a random part, and the
-    // broker killed and started again once, at about 10 s.
+    // The kill schedule: 24 s of load, a kill every 0.4–1.2 s of each part in turn, and
+    // the broker killed and started again once, at about 10 s.
     let started = Instant::now();
     let mut broker_restarted = false;
+    let mut turn = 0;
     let mut rng = rand::rng();
     while started.elapsed() < Duration::from_secs(24) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(400..1200))).await;
@@ -193,10 +237,15 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
             broker_restarted = true;
             continue;
         }
-        let victim = rng.random_range(0..parts.len());
+        // Each part in turn, at a random moment.
+        let victim = turn % parts.len();
+        turn += 1;
         parts[victim].kill_and_restart(&binary);
         if parts[victim].role == "http" {
-            harness::until_listening(port, "the pipeline's HTTP server");
+            harness::until_listening(
+                port,
+                &format!("the pipeline's HTTP server (see {})", log_path().display()),
+            );
         }
     }
     stop.store(true, Ordering::SeqCst);
@@ -223,7 +272,7 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
     let accepted = accepted.lock().unwrap().clone();
     let kills: Vec<String> = parts.iter().map(|p| format!("{} {}", p.role, p.kills)).collect();
     println!(
-        "pipeline under kills: {} orders accepted, {retries} client retries, kills [{}], broker restarted once; figures {drained}",
+        "pipeline under kills on {name}: {} orders accepted, {retries} client retries, kills [{}], broker restarted once; figures {drained}",
         accepted.len(),
         kills.join(", ")
     );
@@ -236,11 +285,11 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
         orders >= accepted.len() as i64,
         "an accepted order is missing: {drained}"
     );
-    assert_eq!(figure(&drained, "orders_without_one_effect"), 0, "{drained}");
-    assert_eq!(figure(&drained, "effects_without_order"), 0, "{drained}");
-    assert_eq!(figure(&drained, "points"), orders, "{drained}");
-    assert_eq!(figure(&drained, "sms"), orders, "{drained}");
-    assert_eq!(figure(&drained, "published"), orders, "{drained}");
+    assert_eq!(figure(&drained, "orders_without_one_effect"), 0, "{name}: {drained}");
+    assert_eq!(figure(&drained, "effects_without_order"), 0, "{name}: {drained}");
+    assert_eq!(figure(&drained, "points"), orders, "{name}: {drained}");
+    assert_eq!(figure(&drained, "sms"), orders, "{name}: {drained}");
+    assert_eq!(figure(&drained, "published"), orders, "{name}: {drained}");
     // The faults happened: the broker delivered some messages again, and the consumers
     // absorbed deliveries of messages already handled.
     assert!(
@@ -249,11 +298,8 @@ async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
     );
     assert!(parts.iter().all(|p| p.kills > 0), "every part was killed: {kills:?}");
     // Every accepted order is in the database under its own reference.
-    let pool = idem::sqlx::PgPool::connect(&database).await.unwrap();
-    let stored: Vec<(String,)> = idem::sqlx::query_as("SELECT order_ref FROM pipeline_orders")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    let stored: BTreeSet<String> = stored.into_iter().map(|(r,)| r).collect();
-    assert!(accepted.is_subset(&stored), "an accepted order is not stored");
+    assert!(
+        accepted.is_subset(&stored_orders(&database).await),
+        "an accepted order is not stored"
+    );
 }

@@ -3,10 +3,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use lapin::{Channel, Connection, ConnectionProperties};
+use tracing::{info, warn};
 
 /// What a new channel needs before it is used: exchanges, queues and bindings.
 pub(crate) type Setup =
@@ -35,6 +37,31 @@ pub(crate) async fn open(
         declare(channel.clone()).await?;
     }
     Ok((connection, channel))
+}
+
+/// Sessions one after another, for ever: each that ends is counted in `lost` and
+/// logged (`who` names the consumer or relay), and the next starts after a pause —
+/// the shortest again when the session made progress (`progress` grew).
+pub(crate) async fn sessions<F, Fut>(who: &str, url: &str, progress: &AtomicU64, lost: &AtomicU64, mut session: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), lapin::Error>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        let before = progress.load(Ordering::Relaxed);
+        match session().await {
+            Ok(()) => info!(%who, "the broker ended the session; reconnecting"),
+            Err(error) => {
+                warn!(%who, broker = %idem_runtime::redacted_url(url), %error, "session failed; reconnecting")
+            }
+        }
+        lost.fetch_add(1, Ordering::Relaxed);
+        if progress.load(Ordering::Relaxed) > before {
+            backoff.reset();
+        }
+        backoff.pause().await;
+    }
 }
 
 /// The pause before the next session: from 100 ms, doubling, at most 5 s; back to the

@@ -14,7 +14,7 @@ use lapin::Channel;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use crate::connection::{self, Backoff, Setup};
+use crate::connection::{self, Setup};
 use crate::disposition::{Disposition, HandlerError, OnFailure};
 use crate::message::{KeySource, Message};
 
@@ -140,24 +140,12 @@ impl Consumer {
         H: Fn(Message<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut backoff = Backoff::new();
-        loop {
-            let before = self.stats.deliveries.load(Ordering::Relaxed);
-            match self.session(&handler).await {
-                Ok(()) => info!(queue = %self.queue, "the broker ended the consumer's session; reconnecting"),
-                Err(error) => warn!(
-                    queue = %self.queue,
-                    broker = %idem_runtime::redacted_url(&self.url),
-                    %error,
-                    "consumer session failed; reconnecting"
-                ),
-            }
-            self.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
-            if self.stats.deliveries.load(Ordering::Relaxed) > before {
-                backoff.reset();
-            }
-            backoff.pause().await;
-        }
+        let who = format!("consumer of {}", self.queue);
+        let stats = &self.stats;
+        connection::sessions(&who, &self.url, &stats.deliveries, &stats.sessions_lost, || {
+            self.session(&handler)
+        })
+        .await;
     }
 
     /// [`run`](Self::run) until `stop` completes. Deliveries in hand when it does are

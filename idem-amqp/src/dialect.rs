@@ -65,6 +65,10 @@ fn row((id, exchange, routing_key, content_type, payload): Selected) -> OutboxRo
 
 /// The statements of one dialect; `{t}` stands for the table.
 struct Statements {
+    /// Taken in the migration's transaction first, where the database needs it to keep
+    /// two processes migrating at once from racing (PostgreSQL's `CREATE … IF NOT
+    /// EXISTS` does not).
+    lock: Option<&'static str>,
     create: &'static [&'static str],
     insert: &'static str,
     claim: &'static str,
@@ -88,12 +92,14 @@ macro_rules! outbox_database {
             const LOCKS_ROWS: bool = $locks;
 
             async fn create(connection: &mut Self::Connection, table: &str) -> Result<(), sqlx::Error> {
-                for statement in $statements.create {
+                let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
+                let statements = $statements.lock.iter().chain($statements.create);
+                for statement in statements {
                     sqlx::query(&sql(statement, table))
-                        .execute(&mut *connection)
+                        .execute(&mut *transaction)
                         .await?;
                 }
-                Ok(())
+                transaction.commit().await
             }
 
             async fn insert(
@@ -154,6 +160,7 @@ macro_rules! bind_message {
 
 #[cfg(feature = "postgres")]
 const POSTGRES: Statements = Statements {
+    lock: Some("SELECT pg_advisory_xact_lock(hashtext('idem_amqp.{t}'))"),
     create: &[
         "CREATE TABLE IF NOT EXISTS {t} (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
          exchange TEXT NOT NULL, routing_key TEXT NOT NULL, content_type TEXT, payload BYTEA NOT NULL, \
@@ -174,6 +181,7 @@ outbox_database!(sqlx::Postgres, POSTGRES, locks_rows = true, insert(connection,
 
 #[cfg(feature = "mysql")]
 const MYSQL: Statements = Statements {
+    lock: None,
     create: &[
         "CREATE TABLE IF NOT EXISTS {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
          exchange VARCHAR(255) NOT NULL, routing_key VARCHAR(255) NOT NULL, content_type VARCHAR(255) NULL, \
@@ -196,6 +204,7 @@ outbox_database!(sqlx::MySql, MYSQL, locks_rows = true, insert(connection, sql, 
 
 #[cfg(feature = "sqlite")]
 const SQLITE: Statements = Statements {
+    lock: None,
     create: &[
         "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, exchange TEXT NOT NULL, \
          routing_key TEXT NOT NULL, content_type TEXT, payload BLOB NOT NULL, \

@@ -130,23 +130,9 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// Relay until the process ends, reconnecting when the broker goes away and pausing
     /// when the database fails.
     pub async fn run(&self) {
-        let mut backoff = Backoff::new();
-        loop {
-            let before = self.stats.marked.load(Ordering::Relaxed);
-            if let Err(error) = self.session().await {
-                warn!(
-                    outbox = %self.outbox.table(),
-                    broker = %idem_runtime::redacted_url(&self.url),
-                    %error,
-                    "relay session failed; reconnecting"
-                );
-            }
-            self.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
-            if self.stats.marked.load(Ordering::Relaxed) > before {
-                backoff.reset();
-            }
-            backoff.pause().await;
-        }
+        let who = format!("relay of {}", self.outbox.table());
+        let stats = &self.stats;
+        connection::sessions(&who, &self.url, &stats.marked, &stats.sessions_lost, || self.session()).await;
     }
 
     /// [`run`](Self::run) until `stop` completes. A round cut off by it marks nothing;

@@ -385,13 +385,19 @@ pub fn url_port(url: &str) -> u16 {
         .unwrap_or_else(|| panic!("no port in {url}"))
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago, for a server a test starts.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a server a test starts —
+/// below Linux's ephemeral range (32768–60999), so that a server started again on it
+/// after a kill never finds it held by some client connection's local end.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+        .subsec_nanos()
+        ^ std::process::id().wrapping_mul(7919);
+    (0..2000u32)
+        .map(|attempt| 20000 + ((seed.wrapping_add(attempt.wrapping_mul(4099))) % 12000) as u16)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port below the ephemeral range")
 }
 
 /// Wait (at most 30 s) until something listens on 127.0.0.1:`port`; `what` names it
