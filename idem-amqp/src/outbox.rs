@@ -62,7 +62,10 @@ pub struct InvalidTableName(String);
 /// `#[idempotent(tx = tx)]` function commits with its record and its business rows — so
 /// the message exists exactly when the business change does. Each row's id is never
 /// reused (an identity column, `AUTO_INCREMENT`, SQLite's `AUTOINCREMENT`), which makes
-/// it fit to be the message id that consumers are keyed by.
+/// it fit to be the message id that consumers are keyed by — within one outbox. Ids of
+/// two outboxes (two tables, two databases, or a table dropped and made again) overlap:
+/// give each its own queue, or key its consumers by something of the message itself
+/// ([`KeySource`](crate::KeySource)).
 #[derive(Debug)]
 pub struct Outbox<DB> {
     table: Arc<str>,
