@@ -17,15 +17,7 @@ use serde_json::{json, Value};
 
 /// The broker's URL, or `None` (and a line saying so) outside CI.
 fn amqp_url() -> Option<String> {
-    if let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") {
-        return Some(url);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "IDEM_TEST_AMQP_URL is not set: CI must run the message tests against RabbitMQ (see .ci/run)"
-    );
-    eprintln!("NOT RUN: the message tests need IDEM_TEST_AMQP_URL (`.ci/start-rabbitmq` starts a node and prints it)");
-    None
+    idem_testkit::conformance::server_url("IDEM_TEST_AMQP_URL", "RabbitMQ")
 }
 
 /// A channel, and a fresh durable queue `name` (dead-lettering to `name.dead`, which is

@@ -20,19 +20,6 @@ use idem_testkit::harness;
 use rand::Rng;
 use serde_json::Value;
 
-/// The broker's URL, or `None` (and a line saying so) outside CI.
-fn amqp_url() -> Option<String> {
-    if let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") {
-        return Some(url);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "IDEM_TEST_AMQP_URL is not set: CI must run the pipeline test against RabbitMQ (see .ci/run)"
-    );
-    eprintln!("NOT RUN: the pipeline test needs IDEM_TEST_AMQP_URL (`.ci/start-rabbitmq` starts a node and prints it)");
-    None
-}
-
 /// Run `statement` on the server at `url` (PostgreSQL or MariaDB).
 async fn run_sql(url: &str, statement: &str) {
     use idem::sqlx::Connection;
@@ -173,7 +160,9 @@ fn figure(stats: &Value, name: &str) -> i64 {
 /// On PostgreSQL, then on MariaDB (one after the other: both restart the one broker).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
-    let Some(amqp) = amqp_url() else { return };
+    let Some(amqp) = idem_testkit::conformance::server_url("IDEM_TEST_AMQP_URL", "RabbitMQ") else {
+        return;
+    };
     let servers = [
         ("postgres", "IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
         ("mariadb", "IDEM_TEST_MYSQL_URL", "MariaDB"),

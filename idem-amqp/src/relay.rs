@@ -171,21 +171,21 @@ impl<DB: OutboxDatabase> Relay<DB> {
     pub async fn round(&self, channel: &Channel) -> Result<usize, RelayError> {
         let table = self.outbox.table();
         let limit = i64::from(self.batch);
-        if DB::LOCKS_ROWS {
+        let confirmed = if DB::LOCKS_ROWS {
             let mut transaction = self.pool.begin().await?;
             let rows = DB::claim(&mut transaction, table, limit).await?;
             let confirmed = self.publish(channel, &rows).await?;
             DB::mark_sent(&mut transaction, table, &confirmed).await?;
             transaction.commit().await?;
-            self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
-            Ok(confirmed.len())
+            confirmed
         } else {
             let rows = DB::claim(&mut *self.pool.acquire().await?, table, limit).await?;
             let confirmed = self.publish(channel, &rows).await?;
             DB::mark_sent(&mut *self.pool.acquire().await?, table, &confirmed).await?;
-            self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
-            Ok(confirmed.len())
-        }
+            confirmed
+        };
+        self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
+        Ok(confirmed.len())
     }
 
     /// Publish `rows` and wait for every confirm; the ids the broker acked and routed.

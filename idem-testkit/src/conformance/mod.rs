@@ -45,7 +45,7 @@ pub fn first_fence(record: &idem::Record) -> u64 {
     record.created_at.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
 }
 
-/// The URL of a database server the tests may use, from `var`. Under CI (`CI` set) a
+/// The URL of a server the tests may use (a database, a broker), from `var`. Under CI (`CI` set) a
 /// missing URL fails the test; elsewhere the backend is skipped, and said so once on
 /// stderr (written past the test harness's capture).
 pub fn server_url(var: &str, backend: &str) -> Option<String> {
@@ -60,7 +60,7 @@ pub fn server_url(var: &str, backend: &str) -> Option<String> {
         use std::io::Write;
         let _ = writeln!(
             std::io::stderr(),
-            "NOT RUN: the {backend} suite needs {var} (`.ci/start-databases` starts a server and prints it)"
+            "NOT RUN: the {backend} suite needs {var} (`.ci/run` starts every server the tests use and sets its URL)"
         );
     });
     None
