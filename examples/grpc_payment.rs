@@ -1,6 +1,8 @@
 //! A gRPC payment service (tonic) behind the same `Idempotency-Key` layer as HTTP: the
-//! key is the `idempotency-key` metadata entry, the caller its `authorization` entry
-//! (hashed), and a retry gets the first answer — message and status — back.
+//! key is the `idempotency-key` metadata entry, the caller the subject of its bearer
+//! token (the `authorization` entry, as the service's authentication verifies it: a
+//! token refreshed between an attempt and its retry is the same caller), and a retry
+//! gets the first answer — message and status — back.
 //!
 //! ```text
 //! cargo run --example grpc_payment -- --listen 127.0.0.1:50051 --database-url sqlite://…/grpc_payment.db
@@ -134,9 +136,33 @@ where
     }
 }
 
-/// The layer over `store`: a gRPC call is a POST like any other to it.
+/// Who is calling, as [`authenticate`] verified it: a bearer token's subject.
+#[derive(Debug, Clone)]
+pub struct Subject(pub String);
+
+/// The service's authentication, in front of the layer: a bearer token `SUBJECT.SERIAL`
+/// names its subject (a stand-in for verifying a real token's signature and reading its
+/// `sub`). A call without one carries no [`Subject`], and the layer refuses it.
+pub fn authenticate(mut request: http::Request<tonic::body::Body>) -> http::Request<tonic::body::Body> {
+    let token = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    if let Some(subject) = token
+        .and_then(|token| token.split('.').next())
+        .filter(|s| !s.is_empty())
+    {
+        let subject = Subject(subject.to_owned());
+        request.extensions_mut().insert(subject);
+    }
+    request
+}
+
+/// The layer over `store`: a gRPC call is a POST like any other to it, each caller's
+/// keys its own by the token's subject.
 pub fn layer(store: std::sync::Arc<dyn idem::IdempotencyStore>) -> IdempotencyLayer {
-    IdempotencyLayer::new(Idempotent::new("grpc.payments").store(store))
+    IdempotencyLayer::new(Idempotent::new("grpc.payments").store(store)).principal(|caller: &Subject| caller.0.clone())
 }
 
 /// Serve `Payments` behind the layer on `listener` until the process ends.
@@ -146,13 +172,15 @@ pub async fn serve(
     bank: Arc<Bank>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
+        .layer(tower::util::MapRequestLayer::new(authenticate))
         .layer(layer(store))
         .add_service(Payments { bank })
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
         .await
 }
 
-/// One `Pay` call over `channel` with `key` and `caller` in its metadata.
+/// One `Pay` call over `channel` with `key` and `caller`'s bearer token (`SUBJECT.SERIAL`,
+/// or a subject alone) in its metadata.
 pub async fn pay(
     channel: tonic::transport::Channel,
     key: &str,

@@ -7,15 +7,24 @@
 //! ```
 //!
 //! Every flag is optional (those are the defaults; the SQLite file is in the system's
-//! temporary folder); `postgres://…` and `mysql://…` URLs work too. Each caller's keys
-//! are its own: a caller is its `Authorization` header (a bearer token) or its session
-//! cookie, together with its `X-Tenant` header when it sends one, hashed; a request
-//! with none of them is refused (401). Routes:
+//! temporary folder); `postgres://…` and `mysql://…` URLs work too.
+//!
+//! Each caller's keys are its own, and a caller is *who* is signed in — not the bytes of
+//! its cookies or token. The example's authentication (a middleware in front of the
+//! layer) names the request's [`User`]: the account behind its `session` cookie (a
+//! server-side session, made when the page is first rendered), or the subject of its
+//! bearer token (`Authorization: Bearer ada.1`, `SUBJECT.SERIAL`: a stand-in for
+//! verifying a real token and reading its subject, so `ada.2`, a refreshed token, is
+//! still ada). The layer scopes keys by that user
+//! (`.principal(|user: &User| user.id.clone())`), narrowed by the `X-Tenant` header when
+//! one is sent; a request that is not signed in is refused (401), whatever else it
+//! carries. An analytics cookie that changes between two clicks, or a token refreshed
+//! before a retry, leaves the caller the same: one charge. Routes:
 //!
 //! - `GET /` → a payment page: a form (user, amount), a `pay` button and a `receipt`
-//!   element. Each rendering mints the key its form sends (and sets a session cookie),
-//!   so double clicks and clicks while the first request runs are one payment, and a
-//!   freshly rendered form is a new one;
+//!   element. Each rendering mints the key its form sends (and signs the browser in
+//!   with a session cookie when it has none), so double clicks and clicks while the
+//!   first request runs are one payment, and a freshly rendered form is a new one;
 //! - `POST /payments` `{"user": "ada", "cents": 1990}` with `Idempotency-Key` (a UUID,
 //!   or a quoted string) → 201 `{"charge_id": 1, "cents": 1990}`; `cents > 1000000` →
 //!   402 problem+json "card declined" (the handler ran: recorded and replayed);
@@ -25,14 +34,16 @@
 //!   one event a line, one every 100 ms, passed on as it streams;
 //! - `GET /bank/charges` → `{"count": N}`, the charges the fake bank made.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
+use axum::middleware::Next;
 use axum::response::sse::{Event, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,6 +53,66 @@ use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+
+/// Who is signed in: what [`authenticate`] puts in a request's extensions, and what the
+/// idempotency layer keeps each caller's keys apart by.
+#[derive(Clone, Debug)]
+struct User {
+    id: String,
+}
+
+/// The server-side sessions: a `session` cookie's value → the user it signed in.
+#[derive(Default)]
+struct Sessions(Mutex<HashMap<String, String>>);
+
+impl Sessions {
+    fn user(&self, session: &str) -> Option<String> {
+        self.0.lock().unwrap().get(session).cloned()
+    }
+
+    /// Sign a new visitor in: a session for a new account.
+    fn open(&self) -> String {
+        let session = random_id();
+        let user = format!("visitor-{}", &random_id()[..8]);
+        self.0.lock().unwrap().insert(session.clone(), user);
+        session
+    }
+}
+
+/// The value of the cookie `name` in `headers`.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|line| line.to_str().ok())
+        .flat_map(|line| line.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(name)?.strip_prefix('='))
+}
+
+/// The application's authentication, in front of the idempotency layer: a bearer token
+/// (`SUBJECT.SERIAL`) names its subject, else the `session` cookie names its session's
+/// user. A request it cannot sign in carries no [`User`], and the layer refuses it.
+async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .and_then(|token| token.split('.').next())
+        .filter(|subject| !subject.is_empty())
+        .map(str::to_owned);
+    let user = bearer.or_else(|| app.sessions.user(cookie(headers, "session")?));
+    if let Some(id) = user {
+        request.extensions_mut().insert(User { id });
+    }
+    next.run(request).await
+}
+
+/// What the handlers share.
+struct App {
+    bank: Bank,
+    sessions: Sessions,
+}
 
 /// The bank: slow, and counting what it charged.
 struct Bank {
@@ -101,14 +172,14 @@ fn problem_response(status: StatusCode, problem: serde_json::Value) -> Response 
         .into_response()
 }
 
-async fn pay(State(bank): State<Arc<Bank>>, ValidPayment(payment): ValidPayment) -> Response {
+async fn pay(State(app): State<Arc<App>>, ValidPayment(payment): ValidPayment) -> Response {
     // Validated: from here on a 4xx is this handler's answer, recorded and replayed.
     idem::http::started();
     if payment.cents > 1_000_000 {
         let declined = json!({"type": "urn:shop:card-declined", "title": "card declined", "status": 402});
         return problem_response(StatusCode::PAYMENT_REQUIRED, declined);
     }
-    let charge_id = bank.charge().await;
+    let charge_id = app.bank.charge().await;
     let receipt = Receipt {
         charge_id,
         cents: payment.cents,
@@ -141,18 +212,16 @@ async fn statement(
     Sse::new(lines)
 }
 
-/// The payment page. Each rendering mints the key its form sends, and a session
-/// cookie for a browser that has none: the page is the caller, the form the request.
-async fn page(headers: HeaderMap) -> Response {
+/// The payment page. Each rendering mints the key its form sends, and signs a browser
+/// that has no session in (a session cookie for a new account): the user is the
+/// caller, the form the request.
+async fn page(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
     let key = random_id();
     let html = PAGE.replace("{{KEY}}", &key);
-    let has_session = headers
-        .get_all(header::COOKIE)
-        .iter()
-        .any(|cookie| cookie.to_str().is_ok_and(|c| c.contains("session=")));
+    let signed_in = cookie(&headers, "session").is_some_and(|session| app.sessions.user(session).is_some());
     let mut response = Html(html).into_response();
-    if !has_session {
-        let cookie = format!("session={}; Path=/; HttpOnly; SameSite=Strict", random_id());
+    if !signed_in {
+        let cookie = format!("session={}; Path=/; HttpOnly; SameSite=Strict", app.sessions.open());
         if let Ok(value) = cookie.parse() {
             response.headers_mut().insert(header::SET_COOKIE, value);
         }
@@ -216,8 +285,8 @@ document.getElementById("payment").addEventListener("submit", async (event) => {
 </body></html>
 "#;
 
-async fn charges(State(bank): State<Arc<Bank>>) -> Json<serde_json::Value> {
-    Json(json!({"count": bank.charges.load(Ordering::SeqCst)}))
+async fn charges(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    Json(json!({"count": app.bank.charges.load(Ordering::SeqCst)}))
 }
 
 /// The command line.
@@ -285,30 +354,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let store = idem::sql::open(&options.database_url).await?;
-    // The safe default: each caller's keys are its own (its bearer token or session
-    // cookie, with its X-Tenant when it sends one, hashed); no credentials → 401.
+    // Each caller's keys are its own: the user the authentication signed in, whatever
+    // its cookies or token look like on a retry (narrowed by X-Tenant when sent); a
+    // request that is not signed in → 401.
     let layer = |biz: &'static str| {
         IdempotencyLayer::new(Idempotent::new(biz).store(store.clone()).ttl(options.ttl))
+            .principal(|user: &User| user.id.clone())
             .tenant_header(HeaderName::from_static("x-tenant"))
             .replay_header(header::LOCATION)
     };
-    let bank = Arc::new(Bank {
-        delay: options.bank_delay,
-        charges: AtomicU64::new(0),
+    let app = Arc::new(App {
+        bank: Bank {
+            delay: options.bank_delay,
+            charges: AtomicU64::new(0),
+        },
+        sessions: Sessions::default(),
     });
-    // Each layer on its method router: another method gets axum's own 405.
-    let app = Router::new()
+    // Each layer on its method router: another method gets axum's own 405. The
+    // authentication runs first, outside the layers.
+    let router = Router::new()
         .route("/", get(page))
         .route("/payments", post(pay).route_layer(layer("http.payments")))
         .route("/statements", post(statement).route_layer(layer("http.statements")))
         .route("/bank/charges", get(charges))
-        .with_state(bank);
+        .layer(axum::middleware::from_fn_with_state(app.clone(), authenticate))
+        .with_state(app);
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     println!(
         "http_payment: listening on http://{} (records in {})",
         listener.local_addr()?,
         options.database_url
     );
-    axum::serve(listener, app).await?;
+    axum::serve(listener, router).await?;
     Ok(())
 }

@@ -19,7 +19,9 @@
 //! its own process; `--effect-delay-ms` makes each effect take that long.
 //!
 //! - `POST /orders` `{"customer": "ada", "cents": 1990}` with `Authorization: Bearer …`
-//!   and `Idempotency-Key` → 201 `{"order": "…", "message_id": 17, "points": 19}`. The
+//!   (`SUBJECT.SERIAL`: its subject is the caller) and `Idempotency-Key` → 201
+//!   `{"order": "order-…", "message_id": 17, "points": 19}` (the order's reference, a
+//!   hash of the caller's key in its scope). The
 //!   `Idempotency-Key` layer replays a retry's response; under it the order, its outbox
 //!   message and the order's record commit in one transaction, so even a retry that
 //!   reaches a restarted server after the first response was lost finds the order.
@@ -37,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -306,6 +308,28 @@ macro_rules! pipeline {
                 Ok(credited)
             }
 
+            /// Who is calling, as [`authenticate`] verified it.
+            #[derive(Clone)]
+            struct Customer(String);
+
+            /// The service's authentication, in front of the layer: a bearer token
+            /// `SUBJECT.SERIAL` names its subject (a stand-in for verifying a real token
+            /// and reading its subject).
+            async fn authenticate(mut request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+                let subject = request
+                    .headers()
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(|value| value.strip_prefix("Bearer "))
+                    .and_then(|token| token.split('.').next())
+                    .filter(|subject| !subject.is_empty())
+                    .map(str::to_owned);
+                if let Some(subject) = subject {
+                    request.extensions_mut().insert(Customer(subject));
+                }
+                next.run(request).await
+            }
+
             #[derive(Clone)]
             struct App {
                 pool: Pool<Db>,
@@ -313,14 +337,15 @@ macro_rules! pipeline {
                 queue: String,
             }
 
-            async fn order(State(app): State<App>, headers: HeaderMap, Json(order): Json<NewOrder>) -> Result<impl IntoResponse, AppError> {
+            async fn order(State(app): State<App>, Json(order): Json<NewOrder>) -> Result<impl IntoResponse, AppError> {
                 if order.cents <= 0 || order.customer.is_empty() || order.customer.len() > 64 {
                     return Err(AppError::Refused("an order needs a customer (1 to 64 bytes) and cents > 0"));
                 }
-                // The layer has checked the key; the order is the caller's key, scoped
-                // by the caller's credentials as the layer scopes its records.
-                let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
-                let order_ref = format!("{}/{}", header("authorization").trim_start_matches("Bearer "), header("idempotency-key"));
+                // The layer has checked the key and named the caller; the order is this
+                // call of the layer's (the caller's key in its scope), by a hash: no
+                // credential nor client key is kept in clear, and any key fits.
+                let scoped = idem::context().map(|call| call.key().to_owned()).unwrap_or_default();
+                let order_ref = format!("order-{}", &idem::digest::sha256_hex(scoped)[..40]);
                 let mut tx = app.pool.begin().await?;
                 let placed = place(&mut tx, &order_ref, &order, &app.outbox, &app.queue).await?;
                 tx.commit().await?;
@@ -386,10 +411,12 @@ macro_rules! pipeline {
                     parts.spawn(async move { consumer.run(|message| consume(&pool, message, delay)).await });
                 }
                 if options.role.runs(Role::Http) {
-                    let layer = IdempotencyLayer::new(Idempotent::new("pipeline.http").store(records));
+                    let layer = IdempotencyLayer::new(Idempotent::new("pipeline.http").store(records))
+                        .principal(|customer: &Customer| customer.0.clone());
                     let router = Router::new()
                         .route("/orders", post(order).route_layer(layer))
                         .route("/stats", get(stats))
+                        .layer(axum::middleware::from_fn(authenticate))
                         .with_state(app.clone());
                     let listener = tokio::net::TcpListener::bind(options.listen).await?;
                     println!("pipeline: listening on http://{}", listener.local_addr()?);

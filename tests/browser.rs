@@ -173,9 +173,32 @@ async fn a_double_clicking_browser_pays_once_per_form() {
     let third = shown_after(&client, 1).await;
     assert_eq!(bank_charges(&base).await, 3);
     assert!(third[0] != first[0] && third[0] != second[0]);
+
+    // A double click while an analytics tag refreshes its cookie between the clicks,
+    // and a CSRF-like cookie appears: the same signed-in user, one charge.
+    client.goto(&format!("{base}/")).await.unwrap();
+    client
+        .execute(
+            "document.cookie = '_ga=GA1.1.' + Date.now() + '; path=/'; \
+             document.getElementById('pay').click(); \
+             document.cookie = '_ga=GA1.1.' + (Date.now() + 1) + '; path=/'; \
+             document.cookie = 'csrf=' + Math.random() + '; path=/'; \
+             document.getElementById('pay').click();",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let fourth = shown_after(&client, 2).await;
+    assert_eq!(
+        bank_charges(&base).await,
+        4,
+        "one charge for the double click across a cookie change"
+    );
+    assert!(fourth.iter().all(|id| id == &fourth[0]), "{fourth:?}");
     client.close().await.unwrap();
     eprintln!(
-        "browser: 3 forms, 2 + 1 + 3 + 1 clicks answered, 3 charges; each form's answers one charge ({} {} {})",
-        first[0], second[0], third[0]
+        "browser: 4 forms, 2 + 1 + 3 + 1 + 2 clicks answered (the last pair across a cookie change), 4 charges; \
+         each form's answers one charge ({} {} {} {})",
+        first[0], second[0], third[0], fourth[0]
     );
 }

@@ -18,11 +18,16 @@ async fn pay(Json(cents): Json<u64>) -> (StatusCode, Json<serde_json::Value>) {
     )
 }
 
+/// The signed-in caller, as an authentication middleware would put it in the request.
+#[derive(Clone)]
+struct Caller(&'static str);
+
 fn request(key: Option<String>) -> Request<Body> {
-    // A caller's credentials: the layer keeps each caller's keys apart by them.
+    // The caller the layer keeps each caller's keys apart by.
     let mut request = Request::post("/payments")
         .header("content-type", "application/json")
-        .header("authorization", "Bearer bench");
+        .header("authorization", "Bearer bench")
+        .extension(Caller("bench"));
     if let Some(key) = key {
         request = request.header("idempotency-key", format!("\"{key}\""));
     }
@@ -38,7 +43,8 @@ async fn send(app: &Router, key: Option<String>) {
 /// The rows of one backend.
 async fn rows(backend: &Backend, calls: usize) {
     let bare = Router::new().route("/payments", post(pay));
-    let layer = IdempotencyLayer::new(Idempotent::new("bench.http").store(backend.store.clone()));
+    let layer = IdempotencyLayer::new(Idempotent::new("bench.http").store(backend.store.clone()))
+        .principal(|caller: &Caller| caller.0.to_owned());
     let guarded = Router::new().route("/payments", post(pay)).route_layer(layer);
     let run = run_id();
     let alone = sample(calls, |_| send(&bare, None)).await;

@@ -3,13 +3,17 @@
 //! A client that retries may serialize its JSON again — keys in another order, other
 //! spacing — and mean the same request. So by default a JSON body is fingerprinted as
 //! data: each leaf (a string, number, boolean, null, empty array or object) by its
-//! JSON Pointer path, map keys in any order, arrays in order. A route can leave fields
+//! JSON Pointer path and the kinds of the containers above it, map keys in any order,
+//! arrays in order, numbers by their exact decimal value (`1.0` is `1`, and
+//! `1.000000000000000001` is not `1.000000000000000002`: no floating point). A route can leave fields
 //! out (a client timestamp, a trace id). When the same key comes with other data, the
 //! 422 names the paths that differ (never their values). Any other body is
 //! fingerprinted by its bytes.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
 
 use idem_runtime::digest::sha256_hex;
 
@@ -49,24 +53,27 @@ impl BodyPrint {
     /// pointers in `ignored`.
     pub(crate) fn of(body: &[u8], content_type: Option<&str>, how: BodyFingerprint, ignored: &[String]) -> Self {
         let json = how == BodyFingerprint::CanonicalJson && content_type.is_some_and(is_json);
-        let parsed = json.then(|| serde_json::from_slice::<Value>(body).ok()).flatten();
-        let Some(value) = parsed else {
-            return BodyPrint::Sha256(sha256_hex(body));
-        };
+        let parsed = json.then(|| std::str::from_utf8(body).ok()).flatten();
         let mut leaves = Vec::new();
-        collect(&value, &mut String::new(), ignored, &mut leaves);
+        let collected = parsed.is_some_and(|text| {
+            serde_json::from_str::<&RawValue>(text).ok().is_some_and(|value| {
+                collect(value, &mut String::new(), &mut String::new(), ignored, &mut leaves).is_some()
+            })
+        });
+        if !collected {
+            return BodyPrint::Sha256(sha256_hex(body));
+        }
         if leaves.len() > MAX_LEAVES {
-            // serde_json's maps are sorted (no `preserve_order`): its text is canonical.
-            let mut kept = value;
-            for pointer in ignored {
-                remove(&mut kept, pointer);
+            let mut whole = String::new();
+            for (path, material) in &leaves {
+                whole.push_str(&format!("{}:{path}{}:{material}", path.len(), material.len()));
             }
-            return BodyPrint::Json(sha256_hex(kept.to_string()));
+            return BodyPrint::Json(sha256_hex(whole));
         }
         BodyPrint::Fields(
             leaves
                 .into_iter()
-                .map(|(path, text)| (path, sha256_hex(text)[..16].to_owned()))
+                .map(|(path, material)| (path, sha256_hex(material)[..16].to_owned()))
                 .collect(),
         )
     }
@@ -95,61 +102,110 @@ fn is_json(content_type: &str) -> bool {
     essence == "application/json" || essence.ends_with("+json")
 }
 
-/// `value`'s leaves under `path`, as (JSON Pointer, canonical text), leaving out those
-/// under an ignored pointer.
-fn collect(value: &Value, path: &mut String, ignored: &[String], leaves: &mut Vec<(String, String)>) {
+/// `value`'s leaves under `path`, as (JSON Pointer, what is hashed), leaving out those
+/// under an ignored pointer. What is hashed is the kinds of the containers on the way
+/// (`{` an object, `[` an array: `{"legs":[1]}` is not `{"legs":{"0":1}}`) and the
+/// leaf's canonical text: a string by its value (escapes decoded), a number by its
+/// exact decimal value (never through floating point), `true`, `false`, `null`, `[]`,
+/// `{}`. `None` when a part is not JSON after all.
+fn collect(
+    value: &RawValue,
+    path: &mut String,
+    shape: &mut String,
+    ignored: &[String],
+    leaves: &mut Vec<(String, String)>,
+) -> Option<()> {
     if ignored.iter().any(|pointer| under(path, pointer)) {
-        return;
+        return Some(());
     }
-    let mut descend = |step: &str, child: &Value, path: &mut String| {
-        let at = path.len();
+    let text = value.get().trim_ascii();
+    let mut descend = |kind: char, step: &str, child: &RawValue, path: &mut String, shape: &mut String| {
+        let (at, kinds) = (path.len(), shape.len());
         path.push('/');
         path.push_str(&step.replace('~', "~0").replace('/', "~1"));
-        collect(child, path, ignored, leaves);
+        shape.push(kind);
+        let collected = collect(child, path, shape, ignored, leaves);
         path.truncate(at);
+        shape.truncate(kinds);
+        collected
     };
-    match value {
-        Value::Object(map) if !map.is_empty() => {
-            for (name, child) in map {
-                descend(name, child, path);
+    let leaf = match text.as_bytes().first()? {
+        b'{' => {
+            // Sorted by name; a name given twice keeps its last value, as parsers do.
+            let map: BTreeMap<String, &RawValue> = serde_json::from_str(text).ok()?;
+            if !map.is_empty() {
+                for (name, child) in map {
+                    descend('{', &name, child, path, shape)?;
+                }
+                return Some(());
             }
+            "{}".to_owned()
         }
-        Value::Array(items) if !items.is_empty() => {
-            for (i, child) in items.iter().enumerate() {
-                descend(&i.to_string(), child, path);
+        b'[' => {
+            let items: Vec<&RawValue> = serde_json::from_str(text).ok()?;
+            if !items.is_empty() {
+                for (i, child) in items.into_iter().enumerate() {
+                    descend('[', &i.to_string(), child, path, shape)?;
+                }
+                return Some(());
             }
+            "[]".to_owned()
         }
-        leaf => leaves.push((
-            if path.is_empty() { "/".to_owned() } else { path.clone() },
-            leaf.to_string(),
-        )),
+        b'"' => serde_json::to_string(&serde_json::from_str::<String>(text).ok()?).ok()?,
+        b't' | b'f' | b'n' => text.to_owned(),
+        _ => number(text)?,
+    };
+    leaves.push((
+        if path.is_empty() { "/".to_owned() } else { path.clone() },
+        format!("{shape}|{leaf}"),
+    ));
+    Some(())
+}
+
+/// A JSON number's exact value as text, the same for every way of writing it (`1`,
+/// `1.0`, `10e-1`, `0.1E1`; `-0` and `0`): its significant digits and the power of ten
+/// after them, `d…de±n`, worked out on the digits, never through floating point.
+fn number(text: &str) -> Option<String> {
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match unsigned.find(['e', 'E']) {
+        Some(at) => (&unsigned[..at], &unsigned[at + 1..]),
+        None => (unsigned, "0"),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits: String = [whole, fraction].concat();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
+    let significant = digits.trim_start_matches('0');
+    let trimmed = significant.trim_end_matches('0');
+    if trimmed.is_empty() {
+        return Some("0".to_owned());
+    }
+    // Exponents past i128 are kept as written (and so compare by their text).
+    let power = exponent
+        .strip_prefix('+')
+        .unwrap_or(exponent)
+        .parse::<i128>()
+        .ok()
+        .and_then(|power| power.checked_sub(fraction.len() as i128))
+        .and_then(|power| power.checked_add((significant.len() - trimmed.len()) as i128));
+    let sign = if negative { "-" } else { "" };
+    Some(match power {
+        Some(power) => format!("{sign}{trimmed}e{power}"),
+        None => format!(
+            "{sign}{trimmed}e{exponent}-{}+{}",
+            fraction.len(),
+            significant.len() - trimmed.len()
+        ),
+    })
 }
 
 /// Whether `path` is `pointer` or below it.
 fn under(path: &str, pointer: &str) -> bool {
     path == pointer || (path.starts_with(pointer) && path.as_bytes().get(pointer.len()) == Some(&b'/'))
-}
-
-/// Remove what `pointer` points at from `value`.
-fn remove(value: &mut Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
-    let last = last.replace("~1", "/").replace("~0", "~");
-    match value.pointer_mut(parent) {
-        Some(Value::Object(map)) => {
-            map.remove(&last);
-        }
-        Some(Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>() {
-                if i < items.len() {
-                    items.remove(i);
-                }
-            }
-        }
-        _ => {}
-    }
 }
 
 #[cfg(test)]
@@ -225,6 +281,81 @@ mod tests {
         assert_ne!(a, b);
         let broken = BodyPrint::of(b"{not json", Some("application/json"), BodyFingerprint::default(), &[]);
         assert!(matches!(broken, BodyPrint::Sha256(_)));
+    }
+
+    #[test]
+    fn numbers_are_their_exact_value() {
+        for (a, b) in [
+            ("1.000000000000000001", "1.000000000000000002"),
+            ("18446744073709551616", "18446744073709551617"),
+            ("123456789012345678901234567890", "123456789012345678901234567891"),
+            ("1e400", "1e401"),
+            ("0.1", "0.10000000000000001"),
+            ("1", "-1"),
+        ] {
+            let first = print(&format!(r#"{{"cents":{a}}}"#), &[]);
+            let other = print(&format!(r#"{{"cents":{b}}}"#), &[]);
+            assert_ne!(first, other, "{a} and {b} are two amounts");
+            assert_eq!(first.differing(&other, 10), Some(vec!["/cents".to_owned()]));
+        }
+        for (a, b) in [
+            ("1", "1.0"),
+            ("100", "1e2"),
+            ("0.5", "5E-1"),
+            ("-0", "0"),
+            ("12.340", "1234e-2"),
+            ("0", "0.000e5"),
+        ] {
+            assert_eq!(
+                print(&format!("[{a}]"), &[]),
+                print(&format!("[{b}]"), &[]),
+                "{a} and {b} are one number written two ways"
+            );
+        }
+        assert_eq!(
+            number("1e99999999999999999999999999999999999999999"),
+            number("1e99999999999999999999999999999999999999999")
+        );
+        assert_ne!(
+            number("1e99999999999999999999999999999999999999999"),
+            number("1e99999999999999999999999999999999999999998")
+        );
+    }
+
+    #[test]
+    fn arrays_are_not_objects_and_strings_are_not_numbers() {
+        let array = print(r#"{"legs":[{"to":"a"},{"to":"b"}]}"#, &[]);
+        let object = print(r#"{"legs":{"0":{"to":"a"},"1":{"to":"b"}}}"#, &[]);
+        assert_ne!(array, object);
+        assert_eq!(
+            array.differing(&object, 10),
+            Some(vec!["/legs/0/to".to_owned(), "/legs/1/to".to_owned()])
+        );
+        assert_ne!(print(r#"{"a":"1"}"#, &[]), print(r#"{"a":1}"#, &[]));
+        assert_ne!(print(r#"{"a":[]}"#, &[]), print(r#"{"a":{}}"#, &[]));
+        assert_eq!(
+            print(r#"{"a":"\u0041"}"#, &[]),
+            print(r#"{"a":"A"}"#, &[]),
+            "escapes are decoded"
+        );
+        let big = |legs: &str| {
+            print(
+                &format!(r#"{{"items":[{}],"legs":{legs}}}"#, vec!["1"; 300].join(",")),
+                &[],
+            )
+        };
+        assert_ne!(
+            big(r#"[1]"#),
+            big(r#"{"0":1}"#),
+            "whole documents tell containers apart too"
+        );
+        let cents = |value: &str| {
+            print(
+                &format!(r#"{{"items":[{}],"cents":{value}}}"#, vec!["1"; 300].join(",")),
+                &[],
+            )
+        };
+        assert_ne!(cents("1.000000000000000001"), cents("1.000000000000000002"));
     }
 
     #[test]

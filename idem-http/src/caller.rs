@@ -2,59 +2,48 @@
 //!
 //! Keys are chosen by clients, and clients choose alike (`order-7`, a key read from a
 //! log, a buggy generator). Two callers who send the same key and body to the same
-//! route must never share a record, or the second gets the first's response. So by
-//! default the layer scopes keys by the credentials the request carries — its
-//! `Authorization` header, else its `Cookie` header — hashed (never stored in clear),
-//! and refuses a request that carries neither. An application that knows its callers
-//! better names them ([`IdempotencyLayer::tenant`](crate::IdempotencyLayer::tenant), or
-//! [`tenant_cookie`](crate::IdempotencyLayer::tenant_cookie) for one session cookie); a
-//! route meant to be shared by every caller says so
-//! ([`shared`](crate::IdempotencyLayer::shared)).
+//! route must never share a record, or the second gets the first's response. And one
+//! caller must stay one caller between a click and its retry, or the retry runs the
+//! handler again: the bytes of its credentials change (an analytics cookie refreshes, a
+//! CSRF cookie rotates, a bearer token is refreshed), who it is does not. So the layer
+//! scopes keys by the *principal* the application has authenticated — the user its auth
+//! middleware put in the request's extensions
+//! ([`IdempotencyLayer::principal`](crate::IdempotencyLayer::principal)), or whatever a
+//! function of the request names ([`caller`](crate::IdempotencyLayer::caller)) — and a
+//! layer cannot be used before it is told which. A request the layer cannot attribute to
+//! a caller is refused (401), never treated as anonymous.
 
 use std::sync::Arc;
 
-use http::header::{AUTHORIZATION, COOKIE};
+use http::header::COOKIE;
 use http::request::Parts;
+use http::HeaderName;
 use sha2::{Digest, Sha256};
 
 use idem_runtime::digest::hex;
 
-/// The application's tenant of a request; `None` when it cannot tell.
-pub(crate) type TenantFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+/// The application's name for a request's caller; `None` when it cannot tell.
+pub(crate) type CallerFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// How the layer tells callers apart.
 #[derive(Clone)]
 pub(crate) enum Callers {
-    /// By the request's credentials — `Authorization`, else `Cookie` (or only the named
-    /// cookie) — and the tenant header, when one is named, all hashed together.
-    Credentials {
-        cookie: Option<String>,
-        tenant_header: Option<http::HeaderName>,
-    },
-    /// By the application's tenant function (`None` or an empty name: refused).
-    Tenant(TenantFn),
+    /// Not said yet: a layer in this state is not a `tower::Layer`, so no request meets it.
+    Unnamed,
+    /// By the application's principal of the request (`None` or an empty name: refused).
+    Principal(CallerFn),
+    /// By the value of one session cookie, hashed.
+    SessionCookie(String),
     /// Not at all: every caller of these routes shares one record per key.
     Shared,
-}
-
-impl Default for Callers {
-    fn default() -> Self {
-        Callers::Credentials {
-            cookie: None,
-            tenant_header: None,
-        }
-    }
 }
 
 impl std::fmt::Debug for Callers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Callers::Credentials { cookie, tenant_header } => f
-                .debug_struct("Credentials")
-                .field("cookie", cookie)
-                .field("tenant_header", tenant_header)
-                .finish(),
-            Callers::Tenant(_) => f.write_str("Tenant(fn)"),
+            Callers::Unnamed => f.write_str("Unnamed"),
+            Callers::Principal(_) => f.write_str("Principal(fn)"),
+            Callers::SessionCookie(name) => f.debug_tuple("SessionCookie").field(name).finish(),
             Callers::Shared => f.write_str("Shared"),
         }
     }
@@ -63,74 +52,62 @@ impl std::fmt::Debug for Callers {
 /// Why a request's caller cannot be told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Unknown {
-    /// No `Authorization` header and no cookie (or not the named one).
-    NoCredentials { cookie: Option<String> },
-    /// The tenant function answered `None`.
-    NoTenant,
+    /// The application names no principal for the request (not signed in).
+    NoPrincipal,
+    /// No session cookie of that name.
+    NoSession(String),
 }
 
 impl Unknown {
     /// What the client should do, for the problem document.
     pub(crate) fn detail(&self) -> String {
         match self {
-            Unknown::NoCredentials { cookie: None } => "this route keeps each caller's idempotency keys apart by the \
-                 request's credentials, and the request has none: send an `Authorization` header or a session cookie"
+            Unknown::NoPrincipal => "this route keeps each caller's idempotency keys apart by who is signed in, \
+                 and the request is not signed in as anyone: sign in first"
                 .to_owned(),
-            Unknown::NoCredentials { cookie: Some(name) } => format!(
+            Unknown::NoSession(name) => format!(
                 "this route keeps each caller's idempotency keys apart by the `{name}` cookie, and the request has \
                  none: sign in first"
             ),
-            Unknown::NoTenant => "this route keeps each caller's idempotency keys apart by its tenant, and the \
-                 request names none it can use"
-                .to_owned(),
         }
     }
 }
 
 impl Callers {
-    /// The scope of `request`'s keys: `""` when shared, else a non-empty name.
-    pub(crate) fn of(&self, request: &Parts) -> Result<String, Unknown> {
-        match self {
-            Callers::Shared => Ok(String::new()),
-            // One layer scopes one way, so a tenant's name needs no prefix to stay apart
-            // from credentials' hashes; an empty name names nobody.
-            Callers::Tenant(tenant) => match tenant(request) {
-                Some(tenant) if !tenant.is_empty() => Ok(tenant),
-                _ => Err(Unknown::NoTenant),
+    /// The scope of `request`'s keys: `""` when shared without a tenant, else a non-empty
+    /// name. `tenant_header`, when named, narrows the scope by that header's value; it
+    /// never stands in for a caller.
+    pub(crate) fn of(&self, request: &Parts, tenant_header: Option<&HeaderName>) -> Result<String, Unknown> {
+        let caller = match self {
+            Callers::Shared => String::new(),
+            Callers::Principal(principal) => match principal(request) {
+                Some(name) if !name.is_empty() => name,
+                _ => return Err(Unknown::NoPrincipal),
             },
-            Callers::Credentials { cookie, tenant_header } => {
-                let credential = match cookie {
-                    None => joined(request, AUTHORIZATION.as_str()).or_else(|| joined(request, COOKIE.as_str())),
-                    Some(name) => named_cookie(request, name),
-                };
-                let tenant = tenant_header.as_ref().and_then(|name| joined(request, name.as_str()));
-                if credential.is_none() && tenant.is_none() {
-                    return Err(Unknown::NoCredentials { cookie: cookie.clone() });
-                }
-                let mut hash = Sha256::new();
-                for part in [tenant, credential] {
-                    // Length-prefixed: no two pairs hash alike.
-                    let part = part.unwrap_or_default();
-                    hash.update((part.len() as u64).to_be_bytes());
-                    hash.update(part);
-                }
-                Ok(format!("caller:{}", &hex(&hash.finalize())[..32]))
-            }
-        }
+            Callers::SessionCookie(name) => match named_cookie(request, name) {
+                Some(value) => format!("session:{}", &hex(&Sha256::digest(value))[..32]),
+                None => return Err(Unknown::NoSession(name.clone())),
+            },
+            Callers::Unnamed => return Err(Unknown::NoPrincipal),
+        };
+        let Some(tenant) = tenant_header.map(|name| tenant(request, name)) else {
+            return Ok(caller);
+        };
+        // Length-prefixed: no tenant and caller can be read two ways.
+        Ok(format!("{}:{tenant}{caller}", tenant.len()))
     }
 }
 
-/// Every line of the header `name`, with the header's name in front (so a cookie and an
-/// `Authorization` value of the same bytes are two callers).
-fn joined(request: &Parts, name: &str) -> Option<Vec<u8>> {
-    let mut lines = request.headers.get_all(name).iter().peekable();
-    lines.peek()?;
-    let mut credential = format!("{name}\n").into_bytes();
-    for line in lines {
-        credential.extend_from_slice(line.as_bytes());
-        credential.push(b'\n');
+/// The header `name`'s lines, joined (any bytes; not UTF-8 is kept as hex).
+fn tenant(request: &Parts, name: &HeaderName) -> String {
+    let mut joined = Vec::new();
+    for (i, line) in request.headers.get_all(name).iter().enumerate() {
+        if i > 0 {
+            joined.push(b',');
+        }
+        joined.extend_from_slice(line.as_bytes());
     }
-    Some(credential)
+    String::from_utf8(joined).unwrap_or_else(|bytes| format!("hex:{}", hex(bytes.as_bytes())))
 }
 
 /// The value of the cookie `name`, from every `Cookie` line.
@@ -143,7 +120,7 @@ fn named_cookie(request: &Parts, name: &str) -> Option<Vec<u8>> {
         .map(|pair| pair.trim_ascii())
         .find_map(|pair| {
             let (key, value) = pair.split_at(pair.iter().position(|&b| b == b'=')?);
-            (key == name.as_bytes() && value.len() > 1).then(|| [b"cookie\n".as_slice(), &value[1..]].concat())
+            (key == name.as_bytes() && value.len() > 1).then(|| value[1..].to_vec())
         })
 }
 
@@ -159,81 +136,114 @@ mod tests {
         request.body(()).unwrap().into_parts().0
     }
 
+    #[derive(Clone)]
+    struct User(&'static str);
+
+    fn by_user() -> Callers {
+        Callers::Principal(Arc::new(|request: &Parts| {
+            request.extensions.get::<User>().map(|user| user.0.to_owned())
+        }))
+    }
+
+    fn signed_in(user: &'static str, headers: &[(&str, &[u8])]) -> Parts {
+        let mut parts = parts(headers);
+        parts.extensions.insert(User(user));
+        parts
+    }
+
     #[test]
-    fn callers_are_told_apart_by_their_credentials() {
-        let callers = Callers::default();
-        let alice = callers.of(&parts(&[("authorization", b"Bearer alice")])).unwrap();
-        let bob = callers.of(&parts(&[("authorization", b"Bearer bob")])).unwrap();
-        assert_ne!(alice, bob);
-        assert!(!alice.contains("alice"), "hashed, never in clear: {alice}");
-        assert_eq!(
-            alice,
-            callers.of(&parts(&[("authorization", b"Bearer alice")])).unwrap()
+    fn a_caller_is_its_principal_whatever_its_credentials_bytes() {
+        let callers = by_user();
+        let click = callers
+            .of(
+                &signed_in(
+                    "ada",
+                    &[("cookie", b"session=s1; _ga=GA1.1.1"), ("authorization", b"Bearer t1")],
+                ),
+                None,
+            )
+            .unwrap();
+        let retry = callers
+            .of(
+                &signed_in(
+                    "ada",
+                    &[("cookie", b"_ga=GA1.1.2; session=s2"), ("authorization", b"Bearer t2")],
+                ),
+                None,
+            )
+            .unwrap();
+        assert_eq!(click, retry, "cookies and tokens that changed are the same caller");
+        let bob = callers
+            .of(&signed_in("bob", &[("cookie", b"session=s1")]), None)
+            .unwrap();
+        assert_ne!(
+            click, bob,
+            "the same cookie bytes signed in as another user are another caller"
         );
-        let session = callers.of(&parts(&[("cookie", b"session=s1")])).unwrap();
-        assert_ne!(session, callers.of(&parts(&[("cookie", b"session=s2")])).unwrap());
         assert_eq!(
-            callers.of(&parts(&[])),
-            Err(Unknown::NoCredentials { cookie: None }),
-            "no credentials: refused, never anonymous"
+            callers.of(
+                &parts(&[("authorization", b"Bearer t1"), ("cookie", b"session=s1")]),
+                None
+            ),
+            Err(Unknown::NoPrincipal),
+            "credentials the application did not authenticate name nobody"
         );
     }
 
     #[test]
-    fn a_named_cookie_alone_scopes() {
-        let callers = Callers::Credentials {
-            cookie: Some("session".to_owned()),
-            tenant_header: None,
-        };
-        let first = callers.of(&parts(&[("cookie", b"theme=dark; session=s1")])).unwrap();
+    fn a_session_cookie_alone_scopes() {
+        let callers = Callers::SessionCookie("session".to_owned());
+        let first = callers
+            .of(&parts(&[("cookie", b"theme=dark; session=s1")]), None)
+            .unwrap();
         let again = callers
-            .of(&parts(&[("cookie", b"session=s1; theme=light; seen=3")]))
+            .of(&parts(&[("cookie", b"session=s1; theme=light; seen=3")]), None)
             .unwrap();
         assert_eq!(first, again, "other cookies do not change the scope");
-        assert!(callers.of(&parts(&[("cookie", b"theme=dark")])).is_err());
-        assert!(callers.of(&parts(&[("authorization", b"Bearer x")])).is_err());
+        assert!(!first.contains("s1"), "hashed, never in clear: {first}");
+        assert_ne!(first, callers.of(&parts(&[("cookie", b"session=s2")]), None).unwrap());
+        assert!(callers.of(&parts(&[("cookie", b"theme=dark")]), None).is_err());
+        assert!(callers.of(&parts(&[("authorization", b"Bearer x")]), None).is_err());
     }
 
     #[test]
-    fn a_tenant_header_scopes_with_the_credentials() {
-        let callers = Callers::Credentials {
-            cookie: None,
-            tenant_header: Some(http::HeaderName::from_static("x-tenant")),
-        };
-        let grosse = callers.of(&parts(&[("x-tenant", "größe-ag".as_bytes())])).unwrap();
-        let mueller = callers.of(&parts(&[("x-tenant", "müller-gmbh".as_bytes())])).unwrap();
-        assert_ne!(grosse, mueller, "non-ASCII tenants stay apart");
-        let with_token = callers
-            .of(&parts(&[
-                ("x-tenant", "größe-ag".as_bytes()),
-                ("authorization", b"Bearer a"),
-            ]))
+    fn a_tenant_header_narrows_a_caller_and_never_stands_in_for_one() {
+        let tenant = HeaderName::from_static("x-tenant");
+        let callers = by_user();
+        let grosse = callers
+            .of(&signed_in("ada", &[("x-tenant", "größe-ag".as_bytes())]), Some(&tenant))
             .unwrap();
-        assert_ne!(grosse, with_token);
-        let other_token = callers
-            .of(&parts(&[
-                ("x-tenant", "größe-ag".as_bytes()),
-                ("authorization", b"Bearer b"),
-            ]))
+        let mueller = callers
+            .of(
+                &signed_in("ada", &[("x-tenant", "müller-gmbh".as_bytes())]),
+                Some(&tenant),
+            )
             .unwrap();
-        assert_ne!(with_token, other_token);
-        assert!(callers.of(&parts(&[])).is_err(), "neither: refused");
-    }
-
-    #[test]
-    fn a_tenant_function_that_cannot_answer_refuses() {
-        let callers = Callers::Tenant(Arc::new(|request: &Parts| {
-            String::from_utf8(request.headers.get("x-tenant")?.as_bytes().to_vec()).ok()
-        }));
-        let grosse = callers.of(&parts(&[("x-tenant", "größe-ag".as_bytes())])).unwrap();
-        let mueller = callers.of(&parts(&[("x-tenant", "müller-gmbh".as_bytes())])).unwrap();
         assert_ne!(grosse, mueller, "non-ASCII tenants stay apart");
-        assert_eq!(callers.of(&parts(&[])), Err(Unknown::NoTenant));
         assert_eq!(
-            callers.of(&parts(&[("x-tenant", b"")])),
-            Err(Unknown::NoTenant),
+            callers.of(&parts(&[("x-tenant", b"acme")]), Some(&tenant)),
+            Err(Unknown::NoPrincipal),
+            "two anonymous clients naming one tenant are nobody"
+        );
+        let shared = Callers::Shared;
+        assert_ne!(
+            shared.of(&parts(&[("x-tenant", b"acme")]), Some(&tenant)).unwrap(),
+            shared.of(&parts(&[("x-tenant", b"globex")]), Some(&tenant)).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_principal_that_cannot_answer_refuses() {
+        let callers = Callers::Principal(Arc::new(|request: &Parts| {
+            String::from_utf8(request.headers.get("x-account")?.as_bytes().to_vec()).ok()
+        }));
+        assert_eq!(callers.of(&parts(&[]), None), Err(Unknown::NoPrincipal));
+        assert_eq!(
+            callers.of(&parts(&[("x-account", b"")]), None),
+            Err(Unknown::NoPrincipal),
             "an empty name names nobody"
         );
-        assert_eq!(Callers::Shared.of(&parts(&[])), Ok(String::new()));
+        assert_eq!(Callers::Shared.of(&parts(&[]), None), Ok(String::new()));
+        assert_eq!(Callers::Unnamed.of(&parts(&[]), None), Err(Unknown::NoPrincipal));
     }
 }

@@ -1,5 +1,6 @@
 //! The layer and its options.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,9 +39,16 @@ pub enum ClientErrors {
 /// `Idempotency-Key` header, on any idem store, with the records, leases, fences and
 /// `wait` of [`Idempotent`].
 ///
+/// [`IdempotencyLayer::new`] makes an [`IdempotencyLayer<CallerUnnamed>`]: it becomes a
+/// `tower::Layer` only once it is told whose each request is — the authenticated
+/// principal ([`principal`](Self::principal), [`caller`](Self::caller)), one session
+/// cookie ([`session_cookie`](Self::session_cookie)), or nobody's
+/// ([`shared`](Self::shared)). There is no default: a caller told by the bytes of its
+/// credentials would become another caller when a cookie or a token changes between a
+/// click and its retry, and be charged twice.
+///
 /// Defaults: header `Idempotency-Key`, required on `POST` and `PATCH` (every other
-/// method passes through untouched); each caller's keys kept apart by the request's
-/// credentials (`Authorization`, else `Cookie`, hashed), a request without any refused
+/// method passes through untouched); a request whose caller cannot be named refused
 /// with 401; JSON bodies fingerprinted as data ([`BodyFingerprint::CanonicalJson`]);
 /// request bodies up to [`DEFAULT_BODY_LIMIT`]; responses recorded up to
 /// [`DEFAULT_RESPONSE_LIMIT`] and streamed responses passed on as they come; 4xx
@@ -51,8 +59,38 @@ pub enum ClientErrors {
 /// is always [`Mode::ReturnFirst`] and its `on_error` [`OnError::Release`]: a
 /// duplicate gets the first response, and what is not recorded is released.
 #[derive(Clone)]
-pub struct IdempotencyLayer {
+pub struct IdempotencyLayer<C = CallerNamed> {
     settings: Arc<Settings>,
+    caller: PhantomData<C>,
+}
+
+/// The state of an [`IdempotencyLayer`] not yet told whose each request is: not a
+/// `tower::Layer` until [`principal`](IdempotencyLayer::principal),
+/// [`caller`](IdempotencyLayer::caller), [`session_cookie`](IdempotencyLayer::session_cookie)
+/// or [`shared`](IdempotencyLayer::shared) is called.
+#[derive(Debug, Clone, Copy)]
+pub struct CallerUnnamed;
+
+/// The state of an [`IdempotencyLayer`] that knows whose each request is: a `tower::Layer`.
+#[derive(Debug, Clone, Copy)]
+pub struct CallerNamed;
+
+/// Implemented by [`CallerNamed`] alone: what makes an [`IdempotencyLayer`] a `tower::Layer`.
+#[diagnostic::on_unimplemented(
+    message = "this IdempotencyLayer does not know whose each request is",
+    label = "the layer's callers are not named",
+    note = "name them before using the layer: `.principal::<User>(|user| user.id.to_string())` (what your auth \
+            middleware put in the request's extensions), `.caller(|request| …)`, `.session_cookie(\"session\")`, or \
+            `.shared()` for a route whose records every caller may share"
+)]
+pub trait NamesItsCallers: sealed::Sealed {}
+
+impl NamesItsCallers for CallerNamed {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::CallerNamed {}
+    impl Sealed for super::CallerUnnamed {}
 }
 
 /// The options, shared by every service the layer makes.
@@ -63,6 +101,7 @@ pub(crate) struct Settings {
     pub(crate) methods: Vec<Method>,
     pub(crate) required: bool,
     pub(crate) callers: Callers,
+    pub(crate) tenant_header: Option<HeaderName>,
     pub(crate) body_fingerprint: BodyFingerprint,
     pub(crate) ignored_fields: Vec<String>,
     pub(crate) response_limit: usize,
@@ -106,26 +145,41 @@ impl Settings {
     }
 }
 
-impl IdempotencyLayer {
-    /// A layer running every request it makes idempotent as a call of `op`.
+impl IdempotencyLayer<CallerUnnamed> {
+    /// A layer running every request it makes idempotent as a call of `op`, once it is
+    /// told whose each request is.
     ///
     /// ```
     /// use std::{sync::Arc, time::Duration};
     /// use idem_http::IdempotencyLayer;
     /// use idem_runtime::{Idempotent, MemoryStore};
     ///
+    /// /// What the application's auth middleware puts in a request's extensions once it
+    /// /// has verified its session or token.
+    /// #[derive(Clone)]
+    /// struct User { id: u64 }
+    ///
     /// let layer = IdempotencyLayer::new(
     ///     Idempotent::new("http.payments")
     ///         .store(Arc::new(MemoryStore::new()))
     ///         .ttl(Duration::from_secs(24 * 3600)),
     /// )
-    /// // The caller is the account the gateway names (after authenticating it);
-    /// // a request without one is refused (401).
-    /// .tenant(|request| {
-    ///     let account = request.headers.get("x-account")?;
-    ///     String::from_utf8(account.as_bytes().to_vec()).ok()
-    /// })
+    /// // The caller is the signed-in user, whatever its cookies or token look like on
+    /// // each retry; a request without one is refused (401).
+    /// .principal(|user: &User| user.id.to_string())
     /// .replay_header(http::header::LOCATION);
+    /// ```
+    ///
+    /// Until then it is no `tower::Layer`, and using it does not compile:
+    ///
+    /// ```compile_fail
+    /// use std::sync::Arc;
+    /// use idem_http::IdempotencyLayer;
+    /// use idem_runtime::{Idempotent, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotent::new("http.payments").store(Arc::new(MemoryStore::new())));
+    /// let service = tower_layer::Layer::layer(&layer, tower_service_fn());
+    /// # fn tower_service_fn() {}
     /// ```
     pub fn new(op: Idempotent) -> Self {
         IdempotencyLayer {
@@ -134,7 +188,8 @@ impl IdempotencyLayer {
                 header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
                 required: true,
-                callers: Callers::default(),
+                callers: Callers::Unnamed,
+                tenant_header: None,
                 body_fingerprint: BodyFingerprint::default(),
                 ignored_fields: Vec::new(),
                 response_limit: DEFAULT_RESPONSE_LIMIT,
@@ -144,12 +199,82 @@ impl IdempotencyLayer {
                 body_limit: DEFAULT_BODY_LIMIT,
                 retry_after: Duration::from_secs(1),
             }),
+            caller: PhantomData,
         }
     }
+}
 
+impl<C> IdempotencyLayer<C> {
     fn with(mut self, change: impl FnOnce(&mut Settings)) -> Self {
         change(Arc::make_mut(&mut self.settings));
         self
+    }
+
+    fn named(self, callers: Callers) -> IdempotencyLayer<CallerNamed> {
+        let mut settings = self.settings;
+        Arc::make_mut(&mut settings).callers = callers;
+        IdempotencyLayer {
+            settings,
+            caller: PhantomData,
+        }
+    }
+
+    /// Keep callers apart by the principal `T` that the application's authentication
+    /// put in the request's extensions (an axum middleware's `request.extensions_mut()
+    /// .insert(user)`, a tonic interceptor's): `name` says who it is (a user id, a
+    /// token's subject). A request without a `T`, or whose name is empty, is refused
+    /// with 401. The way to scope: a session cookie that rolls, a CSRF or analytics
+    /// cookie that changes, a bearer token refreshed between an attempt and its retry
+    /// leave the caller the same.
+    pub fn principal<T, F>(self, name: F) -> IdempotencyLayer<CallerNamed>
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&T) -> String + Send + Sync + 'static,
+    {
+        self.named(Callers::Principal(Arc::new(move |request: &Parts| {
+            request.extensions.get::<T>().map(&name)
+        })))
+    }
+
+    /// Keep callers apart by what `caller` names from the request (an account a gateway
+    /// authenticated and forwards, a verified session's user id). A request for which
+    /// it answers `None` or an empty name is refused with 401, never treated as
+    /// anonymous: name only callers the application has verified, and read a header's
+    /// bytes (`String::from_utf8(value.as_bytes().to_vec()).ok()`), not `to_str()`,
+    /// which fails on non-ASCII names.
+    pub fn caller(
+        self,
+        caller: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> IdempotencyLayer<CallerNamed> {
+        self.named(Callers::Principal(Arc::new(caller)))
+    }
+
+    /// Keep callers apart by the value of the cookie `name` alone (hashed, never stored
+    /// in clear); other cookies may change between retries. A request without it is
+    /// refused with 401.
+    ///
+    /// Only for a session cookie that keeps its value for the session: one that is
+    /// rotated (a rolling session id, re-issued at each request or on sign-in) makes a
+    /// retry sent after the rotation another caller, and runs the handler again. Where
+    /// the application can tell the signed-in user, [`principal`](Self::principal)
+    /// does not have this caveat.
+    pub fn session_cookie(self, name: impl Into<String>) -> IdempotencyLayer<CallerNamed> {
+        self.named(Callers::SessionCookie(name.into()))
+    }
+
+    /// Every caller of these routes shares one record per key: the same key and body
+    /// from two callers get one response. Only for routes whose response is the same
+    /// for everybody (a public action keyed by its own id).
+    pub fn shared(self) -> IdempotencyLayer<CallerNamed> {
+        self.named(Callers::Shared)
+    }
+
+    /// Narrow each caller's scope by the header `name` (an account or tenant a caller
+    /// acts for, any bytes): the same caller's key under two tenants is two requests.
+    /// The header never names a caller by itself: a request the layer cannot attribute
+    /// to a caller is still refused, whatever tenant it names.
+    pub fn tenant_header(self, name: HeaderName) -> Self {
+        self.with(|s| s.tenant_header = Some(name))
     }
 
     /// Read the key from `header` instead of `Idempotency-Key` (e.g. `X-Request-Id`).
@@ -169,55 +294,6 @@ impl IdempotencyLayer {
         self.with(|s| s.required = false)
     }
 
-    /// The tenant of a request (the authenticated user, an account header) keeps its
-    /// keys apart from other tenants', instead of the request's credentials. A request
-    /// for which it answers `None` is refused with 401, never treated as anonymous:
-    /// read a header's bytes (`String::from_utf8(value.as_bytes().to_vec()).ok()`), not
-    /// `to_str()`, which fails on non-ASCII names.
-    pub fn tenant(self, tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.with(|s| s.callers = Callers::Tenant(Arc::new(tenant)))
-    }
-
-    /// Keep callers apart by the value of the cookie `name` alone (a session cookie),
-    /// instead of the whole `Authorization`/`Cookie` headers: other cookies may then
-    /// change between retries. A request without that cookie is refused with 401.
-    pub fn tenant_cookie(self, name: impl Into<String>) -> Self {
-        let name = name.into();
-        self.with(|s| {
-            let tenant_header = match &s.callers {
-                Callers::Credentials { tenant_header, .. } => tenant_header.clone(),
-                _ => None,
-            };
-            s.callers = Callers::Credentials {
-                cookie: Some(name),
-                tenant_header,
-            }
-        })
-    }
-
-    /// Keep callers apart by the header `name` (an account or tenant id, any bytes)
-    /// together with the request's credentials: a request with either is scoped by both,
-    /// hashed; one with neither is refused with 401.
-    pub fn tenant_header(self, name: HeaderName) -> Self {
-        self.with(|s| {
-            let cookie = match &s.callers {
-                Callers::Credentials { cookie, .. } => cookie.clone(),
-                _ => None,
-            };
-            s.callers = Callers::Credentials {
-                cookie,
-                tenant_header: Some(name),
-            }
-        })
-    }
-
-    /// Every caller of these routes shares one record per key: the same key and body
-    /// from two callers get one response. Only for routes whose response is the same
-    /// for everybody (a public action keyed by its own id).
-    pub fn shared(self) -> Self {
-        self.with(|s| s.callers = Callers::Shared)
-    }
-
     /// How request bodies are fingerprinted (default [`BodyFingerprint::CanonicalJson`]).
     pub fn body_fingerprint(self, how: BodyFingerprint) -> Self {
         self.with(|s| s.body_fingerprint = how)
@@ -234,6 +310,15 @@ impl IdempotencyLayer {
     /// response without a known length (a stream) or a larger one is passed on as it
     /// comes, kept up to this size, and recorded only if it ended within it; otherwise
     /// the record says it ran and duplicates get 409 ([`Problem::NotReplayable`]).
+    ///
+    /// So does a streamed response the client stopped reading before its end (it
+    /// disconnected, or its connection broke): the handler ran and its effects stand,
+    /// the part it missed cannot be given again, and every retry with the same key gets
+    /// that 409 — not a new run — until the operation's `ttl` ends the record. A client
+    /// must not retry such a 409 in a loop: it asks for the outcome another way (a
+    /// `GET` of the resource the request made, a statement by id) or, to run the
+    /// request again on purpose, sends a new key. Keep streamed routes' effects
+    /// retrievable by id for this reason, or give them a short `ttl`.
     ///
     /// [`Problem::NotReplayable`]: crate::Problem::NotReplayable
     pub fn response_limit(self, bytes: usize) -> Self {
@@ -269,7 +354,7 @@ impl IdempotencyLayer {
     }
 }
 
-impl std::fmt::Debug for IdempotencyLayer {
+impl<C> std::fmt::Debug for IdempotencyLayer<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = &self.settings;
         f.debug_struct("IdempotencyLayer")
@@ -278,6 +363,7 @@ impl std::fmt::Debug for IdempotencyLayer {
             .field("methods", &s.methods)
             .field("required", &s.required)
             .field("callers", &s.callers)
+            .field("tenant_header", &s.tenant_header)
             .field("body_fingerprint", &s.body_fingerprint)
             .field("replayable", &s.replayable)
             .field("record_server_errors", &s.record_server_errors)
@@ -287,7 +373,7 @@ impl std::fmt::Debug for IdempotencyLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
+impl<S, C: NamesItsCallers> Layer<S> for IdempotencyLayer<C> {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {

@@ -8,37 +8,61 @@
 //! use idem_runtime::{Idempotent, MemoryStore};
 //! use tower::ServiceExt;
 //!
+//! /// Who is signed in: what the application's auth middleware puts in each request's
+//! /// extensions once it has verified the request's session or token.
+//! #[derive(Clone)]
+//! struct User(String);
+//!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let layer = IdempotencyLayer::new(Idempotent::new("http.pay").store(Arc::new(MemoryStore::new())));
+//! let layer = IdempotencyLayer::new(Idempotent::new("http.pay").store(Arc::new(MemoryStore::new())))
+//!     // Each signed-in user's keys are their own.
+//!     .principal(|user: &User| user.0.clone());
 //! // On the method router: a method the route does not serve gets axum's own 405.
 //! let app = Router::new().route("/payments", post(|| async { (StatusCode::CREATED, "charge 1") }).route_layer(layer));
 //!
-//! let pay = |caller: &str| {
-//!     Request::post("/payments")
-//!         .header("authorization", format!("Bearer {caller}"))
-//!         .header("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")
-//!         .body(Body::empty())
-//!         .unwrap()
+//! let pay = |user: Option<&str>, cookie: &str| {
+//!     let mut request = Request::post("/payments")
+//!         .header("cookie", cookie)
+//!         .header("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e");
+//!     if let Some(user) = user {
+//!         // What the auth middleware does (here by hand).
+//!         request = request.extension(User(user.to_owned()));
+//!     }
+//!     request.body(Body::empty()).unwrap()
 //! };
-//! let first = app.clone().oneshot(pay("alice")).await.unwrap();
+//! let first = app.clone().oneshot(pay(Some("alice"), "session=s1; _ga=1")).await.unwrap();
 //! assert_eq!(first.status(), StatusCode::CREATED);
-//! let retry = app.clone().oneshot(pay("alice")).await.unwrap();
+//! // A double click after an analytics cookie changed: the same user, the first response.
+//! let retry = app.clone().oneshot(pay(Some("alice"), "session=s1; _ga=2")).await.unwrap();
 //! assert_eq!(retry.headers()["idempotent-replayed"], "true");
-//! // Another caller with the same key is another request, never alice's response.
-//! let other = app.clone().oneshot(pay("bob")).await.unwrap();
+//! // Another user with the same key is another request, never alice's response.
+//! let other = app.clone().oneshot(pay(Some("bob"), "session=s1; _ga=1")).await.unwrap();
 //! assert!(other.headers().get("idempotent-replayed").is_none());
-//! // A request without credentials cannot be told apart from anyone's: refused.
-//! let anonymous = Request::post("/payments").header("idempotency-key", "k-1").body(Body::empty()).unwrap();
-//! assert_eq!(app.oneshot(anonymous).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+//! // A request nobody signed in for cannot be told apart from anyone's: refused.
+//! let anonymous = app.oneshot(pay(None, "session=s1; _ga=1")).await.unwrap();
+//! assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
 //! # }
 //! ```
 //!
-//! Each caller's keys are its own. By default the layer tells callers apart by the
-//! credentials the request carries — its `Authorization` header, else its `Cookie`
-//! header — hashed, never stored in clear, and refuses a request that has neither
-//! (401). [`IdempotencyLayer::tenant`] names the caller instead (a request it cannot
-//! name is refused), [`IdempotencyLayer::tenant_cookie`] uses one session cookie, and
-//! [`IdempotencyLayer::shared`] declares a route whose records every caller shares.
+//! Each caller's keys are its own, and a caller is *who* sends the request, not the
+//! bytes of its credentials: a cookie that changes between a click and its retry (an
+//! analytics tag, a rotated CSRF or session cookie), or a bearer token refreshed
+//! before a retry, must not make the retry another caller — that is a second charge.
+//! So a layer is told whose each request is before it can be used (the type says so:
+//! [`IdempotencyLayer::new`] is not a `tower::Layer` until then):
+//!
+//! - [`IdempotencyLayer::principal`]: the principal the application's authentication
+//!   put in the request's extensions (a user id, a token's subject) — the way to
+//!   choose;
+//! - [`IdempotencyLayer::caller`]: a function of the request that names its verified
+//!   caller (an account a gateway authenticated and forwards);
+//! - [`IdempotencyLayer::session_cookie`]: the value of one session cookie, hashed —
+//!   for a session id that does not rotate during a session;
+//! - [`IdempotencyLayer::shared`]: a route whose records every caller shares.
+//!
+//! A request whose caller cannot be named is refused (401), never anonymous;
+//! [`IdempotencyLayer::tenant_header`] narrows a caller's scope by a header and never
+//! names a caller by itself.
 //!
 //! What a request meets, in order:
 //!
@@ -48,7 +72,7 @@
 //! | a method the route does not serve | axum's 405, when the layer is on the method router (`post(handler).route_layer(layer)`) |
 //! | no key on a route that needs one | 400 `application/problem+json` naming the header |
 //! | a key that is neither a quoted string (`"order-7"`) nor a bare value of printable ASCII without spaces (a UUID, as Stripe's SDKs send), or longer than 255 bytes | 400, saying what to send |
-//! | no credentials (or a tenant the application cannot name) | 401 |
+//! | no caller the layer can name (not signed in, no session cookie) | 401 |
 //! | a body above [`IdempotencyLayer::body_limit`] | 413, the body not read further |
 //! | the first with its key (scoped by method, route and caller) | the handler runs; its response is recorded and returned as it is |
 //! | the same key and request again (a JSON body may be serialized again: [`BodyFingerprint`]) | the first response: status, body bytes, `content-type` and the [replayable](IdempotencyLayer::replay_header) headers, with `Idempotent-Replayed: true` |
@@ -72,7 +96,7 @@
 //! the lease heartbeat, the context and [`started`] follow that task.
 //!
 //! Why the dependencies: `sfv` parses the draft's quoted key as an RFC 8941 structured
-//! field; `sha2` hashes credentials and bodies; `tokio` carries a streamed response's
+//! field; `sha2` hashes session cookies and bodies; `tokio` carries a streamed response's
 //! copy back to the record;
 //! `http-body-util` buffers bodies under a limit; `base64` keeps a binary response body
 //! in the record's text column; `tower-layer`/`tower-service` are the traits the layer
@@ -101,7 +125,10 @@ mod started;
 pub use body::IdempotencyBody;
 pub use body_print::BodyFingerprint;
 pub use key::MAX_KEY_BYTES;
-pub use layer::{ClientErrors, IdempotencyLayer, DEFAULT_BODY_LIMIT, DEFAULT_RESPONSE_LIMIT};
+pub use layer::{
+    CallerNamed, CallerUnnamed, ClientErrors, IdempotencyLayer, NamesItsCallers, DEFAULT_BODY_LIMIT,
+    DEFAULT_RESPONSE_LIMIT,
+};
 pub use outgoing::{outgoing_key, IdempotencyKeyExt, NoCall, IDEMPOTENCY_KEY};
 pub use problem::Problem;
 pub use recorded::REPLAYED_HEADER;

@@ -15,7 +15,7 @@ pub enum Problem {
     /// ASCII without spaces, of at most 255 bytes.
     KeyMalformed,
     /// 401: the route keeps each caller's keys apart, and the request's caller cannot
-    /// be told (no credentials, or a tenant the application cannot name).
+    /// be named (not signed in, or no session cookie).
     CallerUnknown,
     /// 422: the key was first used with another request body (or method, or route).
     KeyReused,
@@ -23,8 +23,10 @@ pub enum Problem {
     /// to try again.
     InProgress,
     /// 409: the first request with this key was answered with a response that was not
-    /// kept whole (a stream, or one larger than the layer records): it ran once, and its
-    /// response cannot be given again.
+    /// kept whole (a stream, one larger than the layer records, or a stream its client
+    /// stopped reading): it ran once, and its response cannot be given again. Every
+    /// retry with the key gets this until the operation's `ttl` ends the record: ask for
+    /// the outcome another way, or send a new key to run the request again.
     NotReplayable,
     /// 413: the request body is larger than the layer buffers.
     BodyTooLarge,
@@ -92,7 +94,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => "this request needs an Idempotency-Key header",
             Problem::KeyMalformed => "the Idempotency-Key header is not a key",
-            Problem::CallerUnknown => "the request carries no credentials this route can tell its caller by",
+            Problem::CallerUnknown => "the request is not signed in as a caller this route can name",
             Problem::KeyReused => {
                 "this Idempotency-Key was first used for another request; send a new key with a new request"
             }
@@ -101,7 +103,8 @@ impl Problem {
             }
             Problem::NotReplayable => {
                 "the first request with this Idempotency-Key was processed, and its response was streamed or too \
-                 large to keep; it is not run again"
+                 large to keep; it is not run again: ask for its outcome another way, or send a new key to run \
+                 it again"
             }
             Problem::BodyTooLarge => "the request body is too large",
             Problem::BodyUnreadable => "the request body could not be read",

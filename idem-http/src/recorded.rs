@@ -96,7 +96,7 @@ impl RecordedResponse {
         let body = match self.body {
             RecordedBody::NotKept(why) => {
                 let detail = format!(
-                    "{} ({why}); it is not run again",
+                    "{} ({why}); it is not run again: ask for its outcome another way, or send a new key to run it again",
                     "the first request with this Idempotency-Key was processed, and its response was not kept"
                 );
                 let problem = crate::problem::Problem::NotReplayable;

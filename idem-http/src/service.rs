@@ -157,7 +157,7 @@ where
         Err(problem) => return Ok(settings.refuse(grpc, Problem::KeyMalformed, problem.detail(header))),
     };
     let (parts, body) = request.into_parts();
-    let tenant = match settings.callers.of(&parts) {
+    let tenant = match settings.callers.of(&parts, settings.tenant_header.as_ref()) {
         Ok(tenant) => tenant,
         Err(unknown) => return Ok(settings.refuse(grpc, Problem::CallerUnknown, unknown.detail())),
     };

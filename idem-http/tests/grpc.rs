@@ -71,6 +71,17 @@ async fn a_retried_call_gets_the_first_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_a_refreshed_token_is_the_same_caller() {
+    let (channel, bank) = start(Duration::ZERO, Duration::ZERO).await;
+    let key = key();
+    let first = pay(channel.clone(), &key, "alice.1", request(1990)).await.unwrap();
+    let retry = pay(channel.clone(), &key, "alice.2", request(1990)).await.unwrap();
+    assert_eq!(retry.get_ref(), first.get_ref(), "the first receipt");
+    assert_eq!(retry.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(charges(&bank), 1, "one charge");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_the_call_answered_is_replayed() {
     let (channel, bank) = start(Duration::ZERO, Duration::ZERO).await;
     let key = key();

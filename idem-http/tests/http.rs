@@ -125,13 +125,26 @@ async fn charges(State(shop): State<Arc<Shop>>) -> Json<Value> {
     Json(json!({ "count": count }))
 }
 
-/// Outside the idempotency layer, as authentication would be: no tenant, 401.
-async fn authenticate(request: Request, next: axum::middleware::Next) -> Response {
-    if request.headers().contains_key("x-tenant") {
-        next.run(request).await
-    } else {
-        StatusCode::UNAUTHORIZED.into_response()
+/// Who a bearer token says is calling, as the application's authentication verified
+/// it: the token's subject (`alice.3` is alice's third token).
+#[derive(Clone)]
+struct Principal(String);
+
+/// Outside the idempotency layer, as authentication would be: no tenant, 401; a bearer
+/// token's subject becomes the request's [`Principal`].
+async fn authenticate(mut request: Request, next: axum::middleware::Next) -> Response {
+    if !request.headers().contains_key("x-tenant") {
+        return StatusCode::UNAUTHORIZED.into_response();
     }
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    if let Some(token) = bearer.and_then(|value| value.strip_prefix("Bearer ")) {
+        let subject = token.split('.').next().unwrap_or(token).to_owned();
+        request.extensions_mut().insert(Principal(subject));
+    }
+    next.run(request).await
 }
 
 /// A statement streamed as server-sent events: `lines` events, 100 ms apart.
@@ -158,11 +171,12 @@ fn app(shop: Arc<Shop>, layer: IdempotencyLayer) -> Router {
         .with_state(shop)
 }
 
-/// The layer as the tests configure it, over `store`: the tenant named by the
-/// `X-Tenant` header's bytes (any UTF-8, not only ASCII).
+/// The layer as the tests configure it, over `store`: the caller is the account named
+/// by the `X-Tenant` header's bytes (any UTF-8, not only ASCII), as a gateway that
+/// authenticated it forwards it.
 fn layer(op: Idempotent, store: &Store) -> IdempotencyLayer {
     IdempotencyLayer::new(op.store(store.clone()))
-        .tenant(|request| String::from_utf8(request.headers.get("x-tenant")?.as_bytes().to_vec()).ok())
+        .caller(|request| String::from_utf8(request.headers.get("x-tenant")?.as_bytes().to_vec()).ok())
         .replay_header(header::LOCATION)
         .body_limit(4096)
 }
@@ -491,12 +505,14 @@ macro_rules! http_suite {
             assert_eq!(again.body, globex.body);
         }
 
-        /// The layer with its defaults: callers told apart by their credentials.
-        async fn server_by_credentials(configure: fn(IdempotencyLayer) -> IdempotencyLayer) -> Option<Server> {
+        /// The layer scoped by the principal the authentication middleware names (a
+        /// bearer token's subject).
+        async fn server_by_principal(configure: fn(IdempotencyLayer) -> IdempotencyLayer) -> Option<Server> {
             let url = harness::backend_url($backend, "http")?;
             let run = conformance::unique("http");
             let server = Server::start_with(&url, &run, Duration::ZERO, |store| {
-                configure(IdempotencyLayer::new(op().store(store.clone())).replay_header(header::LOCATION))
+                let layer = IdempotencyLayer::new(op().store(store.clone())).principal(|caller: &Principal| caller.0.clone());
+                configure(layer.replay_header(header::LOCATION))
             })
             .await;
             Some(server)
@@ -518,24 +534,57 @@ macro_rules! http_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn two_bearer_tokens_with_one_key_are_two_callers() {
-            let Some(server) = server_by_credentials(|layer| layer).await else { return };
+        async fn two_principals_with_one_key_are_two_callers() {
+            let Some(server) = server_by_principal(|layer| layer).await else { return };
             let key = conformance::unique("statement");
             let body = r#"{"user":"ada","cents":100}"#;
-            let alice = Answer::of(post_as(&server, "/payments", Some("alice-token"), &key, body)).await;
-            let bob = Answer::of(post_as(&server, "/payments", Some("bob-token"), &key, body)).await;
+            let alice = Answer::of(post_as(&server, "/payments", Some("alice.1"), &key, body)).await;
+            let bob = Answer::of(post_as(&server, "/payments", Some("bob.1"), &key, body)).await;
             assert_eq!((alice.status, bob.status), (201, 201), "{} {}", alice.body, bob.body);
             assert_eq!(bob.header("idempotent-replayed"), None, "bob never gets alice's response");
             assert_ne!(alice.json()["charge_id"], bob.json()["charge_id"]);
-            let again = Answer::of(post_as(&server, "/payments", Some("alice-token"), &key, body)).await;
+            let again = Answer::of(post_as(&server, "/payments", Some("alice.1"), &key, body)).await;
             assert_eq!((again.body.as_str(), again.header("idempotent-replayed")), (alice.body.as_str(), Some("true")));
-            // No credentials: refused, never "anonymous".
+            // Not signed in: refused, never "anonymous".
             Answer::of(post_as(&server, "/payments", None, &key, body))
                 .await
-                .assert_problem(401, "credentials");
+                .assert_problem(401, "signed in");
             assert_eq!(server.runs(), 2);
-            let rows = server.shop.store.get("http.pay", &format!("POST /payments 4:acme {key}")).await.unwrap();
+            let rows = server.shop.store.get("http.pay", &format!("POST /payments 0: {key}")).await.unwrap();
             assert!(rows.is_none(), "records are not under a shared scope");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_retry_whose_credentials_changed_is_the_same_caller() {
+            let Some(server) = server_by_principal(|layer| layer).await else { return };
+            let key = conformance::unique("click");
+            let body = r#"{"user":"ada","cents":100}"#;
+            let click = post_as(&server, "/payments", Some("alice.1"), &key, body).header("cookie", "session=s1; _ga=GA1.1.1");
+            let first = Answer::of(click).await;
+            assert_eq!(first.status, 201, "{}", first.body);
+            // The token refreshed and the analytics cookie changed before the retry.
+            let retry = post_as(&server, "/payments", Some("alice.2"), &key, body).header("cookie", "_ga=GA1.1.2; session=s1");
+            let retry = Answer::of(retry).await;
+            assert_eq!((retry.body.as_str(), retry.header("idempotent-replayed")), (first.body.as_str(), Some("true")));
+            assert_eq!(server.runs(), 1, "one charge");
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_tenant_header_never_names_a_caller() {
+            let Some(server) = server_by_principal(|layer| layer.tenant_header(header::HeaderName::from_static("x-account"))).await else { return };
+            let key = conformance::unique("tenant");
+            let body = r#"{"user":"ada","cents":100}"#;
+            for _ in 0..2 {
+                // Two anonymous clients naming one account: refused, never sharing a record.
+                Answer::of(post_as(&server, "/payments", None, &key, body).header("x-account", "acme"))
+                    .await
+                    .assert_problem(401, "signed in");
+            }
+            let acme = Answer::of(post_as(&server, "/payments", Some("alice.1"), &key, body).header("x-account", "acme")).await;
+            let globex = Answer::of(post_as(&server, "/payments", Some("alice.1"), &key, body).header("x-account", "globex")).await;
+            assert_eq!((acme.status, globex.status), (201, 201));
+            assert_eq!(globex.header("idempotent-replayed"), None, "one caller's key under two accounts is two requests");
+            assert_eq!(server.runs(), 2);
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -556,13 +605,13 @@ macro_rules! http_suite {
             assert_eq!(mueller.header("idempotent-replayed"), None);
             assert_ne!(grosse.json()["charge_id"], mueller.json()["charge_id"]);
             // A tenant the function cannot name (not UTF-8): refused, not anonymous.
-            Answer::of(as_tenant(&[0xff, 0xfe])).await.assert_problem(401, "tenant");
+            Answer::of(as_tenant(&[0xff, 0xfe])).await.assert_problem(401, "signed in");
             assert_eq!(server.runs(), 2);
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn bare_uuid_keys_are_keys() {
-            let Some(server) = server_by_credentials(|layer| layer).await else { return };
+            let Some(server) = server_by_principal(|layer| layer).await else { return };
             let body = r#"{"user":"ada","cents":100}"#;
             let mut digits_first = 0;
             for _ in 0..24 {
@@ -613,7 +662,7 @@ macro_rules! http_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn the_same_json_serialized_again_is_the_same_request() {
-            let Some(server) = server_by_credentials(|layer| layer.ignore_field("/sent_at")).await else { return };
+            let Some(server) = server_by_principal(|layer| layer.ignore_field("/sent_at")).await else { return };
             let key = conformance::unique("k");
             let first = Answer::of(post_as(&server, "/payments", Some("t"), &key, r#"{"user":"ada","cents":100,"sent_at":1}"#)).await;
             assert_eq!(first.status, 201);
@@ -628,7 +677,7 @@ macro_rules! http_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_stream_passes_on_as_it_comes_and_replays_when_kept() {
-            let Some(server) = server_by_credentials(|layer| layer).await else { return };
+            let Some(server) = server_by_principal(|layer| layer).await else { return };
             let key = conformance::unique("k");
             let started = std::time::Instant::now();
             let mut response = post_as(&server, "/statements", Some("t"), &key, r#"{"lines":8}"#).send().await.unwrap();
@@ -659,7 +708,7 @@ macro_rules! http_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn a_stream_above_the_limit_is_never_held_and_runs_once() {
-            let Some(server) = server_by_credentials(|layer| layer.response_limit(40)).await else { return };
+            let Some(server) = server_by_principal(|layer| layer.response_limit(40)).await else { return };
             let key = conformance::unique("k");
             let first = Answer::of(post_as(&server, "/statements", Some("t"), &key, r#"{"lines":5}"#)).await;
             assert_eq!(first.status, 200);
