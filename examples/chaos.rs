@@ -21,9 +21,11 @@
 //! libfaketime; every worker starts with a clock of its own when `skew` is on).
 //!
 //! It prints the checker's verdict and a table of the faults, and exits 1 when the
-//! history holds an anomaly. Bodies a kill, pause or partition cut off may run again
-//! (the lease allows it); no other body may, and no caller may get another answer than
-//! the first.
+//! history holds an anomaly. A body a kill, pause, partition or server restart cut off
+//! *while it ran* may run again (the lease allows it); no other body may, no lease may be
+//! lost by a process no fault hit, and no caller may get another answer than the first.
+//! `--broken-guard N` breaks a guard on purpose (one claim in N granted a hundredth of
+//! its lease): such a run must come out INVALID, or the checker is not to be trusted.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
@@ -35,8 +37,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use idem::sqlx;
 use idem::{idempotent, IdempotencyStore};
-use idem_testkit::chaos::{check, Answer, Call};
+use idem_testkit::chaos::{check, Answer, Call, Fault, FaultKind, EVERY_PROCESS};
 use idem_testkit::harness::{self, link::Link, AppError, Effects};
+use idem_testkit::mutants::ShortLeases;
 use rand::seq::IndexedRandom;
 use rand::Rng;
 
@@ -76,6 +79,12 @@ struct Args {
     /// Milliseconds between faults.
     #[arg(long, default_value_t = 2000)]
     every_ms: u64,
+    /// Break a guard, to prove the checker sees what it exists for: one leased claim in
+    /// N is granted a hundredth of its lease while its holder renews on the full one,
+    /// so duplicates take over live bodies (no fault explains it). The run must then be
+    /// INVALID.
+    #[arg(long, value_name = "N")]
+    broken_guard: Option<u64>,
 }
 
 /// How a key is called: by its number, the same in every worker.
@@ -117,6 +126,8 @@ struct Worker {
     tasks: usize,
     until: Instant,
     history: PathBuf,
+    /// `--broken-guard`: one claim in this many granted a short lease.
+    broken_guard: Option<u64>,
     /// When this process started, and how long after the coordinator's start that was.
     started: Instant,
     started_after_ms: u64,
@@ -166,7 +177,7 @@ async fn stepped(
     tokio::time::sleep(body_time(&token)).await;
     idem::step("notify", async {
         let notified = format!("{key}#notify");
-        effects.record_run(run, &notified, &charged, fence, process).await?;
+        effects.record_run(run, &notified, &token, fence, process).await?;
         Ok::<_, AppError>(())
     })
     .await?;
@@ -277,7 +288,10 @@ fn answer_of(outcome: Result<String, AppError>) -> Answer {
 fn work(worker: Worker) {
     let runtime = harness::worker_runtime();
     runtime.block_on(async {
-        let store = harness::open_store(&worker.url).await;
+        let mut store = harness::open_store(&worker.url).await;
+        if let Some(every) = worker.broken_guard {
+            store = Arc::new(ShortLeases::new(store, every));
+        }
         let effects = Effects::open(&worker.effects_url).await;
         let tx_pool = Arc::new(TxPool::open(&worker.url).await);
         let insert = Arc::new(effects.run_insert());
@@ -311,6 +325,7 @@ fn work(worker: Worker) {
                         let key = format!("{}-{}-{k}", worker.run, worker.millis() / WINDOW_MS);
                         let payload = if other { "other" } else { "first" };
                         let token = format!("{}.{task}.{n}", worker.process);
+                        let own = token.clone();
                         let start_ms = worker.millis();
                         let (run, process) = (&worker.run, &worker.process);
                         let outcome = match (Mode::of(k, tx_pool.is_some()), tx_pool.as_ref()) {
@@ -320,8 +335,11 @@ fn work(worker: Worker) {
                             (Mode::Steps, _) => stepped(&store, &effects, run, &key, payload, token, process).await,
                             _ => leased(&store, &effects, run, &key, payload, token, process).await,
                         };
-                        let mut call = Call::new(&key, payload, &worker.process, answer_of(outcome));
-                        (call.start_ms, call.end_ms) = (start_ms, worker.millis());
+                        let call = Call::new(&key, payload, &worker.process, answer_of(outcome)).ran(
+                            &own,
+                            start_ms,
+                            worker.millis(),
+                        );
                         let line = serde_json::to_string(&call).unwrap();
                         let mut file = history.lock().unwrap();
                         writeln!(file, "{line}").unwrap();
@@ -361,6 +379,21 @@ struct Coordinator {
 }
 
 impl Coordinator {
+    /// Milliseconds since the run started: the clock of every call and fault.
+    fn millis(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// A fault on `process` of `kind` that began at `start_ms` and ends now.
+    fn fault(&self, process: &str, kind: FaultKind, start_ms: u64) -> Fault {
+        Fault {
+            process: process.to_owned(),
+            kind,
+            start_ms,
+            end_ms: self.millis(),
+        }
+    }
+
     fn spawn(&self, i: usize, incarnation: u32, link: &Option<Link>, clock: &Path) -> Child {
         let process = format!("w{i}#{incarnation}");
         let url = link
@@ -378,7 +411,11 @@ impl Coordinator {
             .env("CHAOS_TASKS", self.args.tasks.to_string())
             .env("CHAOS_MILLIS", remaining.as_millis().to_string())
             .env("CHAOS_HISTORY", self.dir.join(format!("history-{process}.jsonl")))
-            .env("CHAOS_STARTED_AFTER_MS", self.started.elapsed().as_millis().to_string())
+            .env("CHAOS_STARTED_AFTER_MS", self.millis().to_string())
+            .env(
+                "CHAOS_BROKEN_GUARD",
+                self.args.broken_guard.map(|n| n.to_string()).unwrap_or_default(),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         if let Some(libfaketime) = self.libfaketime {
@@ -414,6 +451,7 @@ fn main() {
             tasks: setting("CHAOS_TASKS").parse().unwrap(),
             until: Instant::now() + Duration::from_millis(setting("CHAOS_MILLIS").parse().unwrap()),
             history: setting("CHAOS_HISTORY").into(),
+            broken_guard: setting("CHAOS_BROKEN_GUARD").parse().ok(),
             started: Instant::now(),
             started_after_ms: setting("CHAOS_STARTED_AFTER_MS").parse().unwrap(),
         });
@@ -475,7 +513,7 @@ fn main() {
         })
         .collect();
 
-    let mut cut_off: HashSet<String> = HashSet::new();
+    let mut injected: Vec<Fault> = Vec::new();
     let mut counts: HashMap<&str, usize> = HashMap::new();
     let enabled: Vec<&str> = ["kill", "pause", "partition", "restart", "skew"]
         .into_iter()
@@ -487,27 +525,28 @@ fn main() {
         let fault = enabled[counts.values().sum::<usize>() % enabled.len()];
         let i = rand::rng().random_range(0..slots.len());
         let slot = &mut slots[i];
+        let start_ms = coordinator.millis();
         match fault {
             "kill" => {
                 signal(&slot.child, "-KILL");
                 let _ = slot.child.wait();
-                cut_off.insert(slot.process.clone());
+                injected.push(coordinator.fault(&slot.process, FaultKind::Kill, start_ms));
                 slot.incarnation += 1;
                 slot.process = format!("w{i}#{}", slot.incarnation);
                 slot.child = coordinator.spawn(i, slot.incarnation, &slot.link, &slot.clock);
             }
             "pause" => {
                 signal(&slot.child, "-STOP");
-                cut_off.insert(slot.process.clone());
                 std::thread::sleep(LEASE + LEASE / 2);
                 signal(&slot.child, "-CONT");
+                injected.push(coordinator.fault(&slot.process, FaultKind::Pause, start_ms));
             }
             "partition" => {
                 let link = slot.link.as_ref().expect("a partitioned worker has a link");
                 link.cut();
-                cut_off.insert(slot.process.clone());
                 std::thread::sleep(LEASE + LEASE / 2);
                 link.heal();
+                injected.push(coordinator.fault(&slot.process, FaultKind::Partition, start_ms));
             }
             "restart" => {
                 let command = args.restart.as_deref().unwrap();
@@ -517,10 +556,12 @@ fn main() {
                     .status()
                     .unwrap();
                 assert!(status.success(), "the restart command failed: {command}");
+                injected.push(coordinator.fault(EVERY_PROCESS, FaultKind::Restart, start_ms));
             }
             "skew" => {
                 let step = *[-300i64, -180, -60, 60, 180, 300].choose(&mut rand::rng()).unwrap();
                 std::fs::write(&slot.clock, format!("{step:+}")).unwrap();
+                injected.push(coordinator.fault(&slot.process, FaultKind::ClockStep, start_ms));
             }
             _ => unreachable!(),
         }
@@ -533,9 +574,10 @@ fn main() {
             std::thread::sleep(Duration::from_millis(100));
         }
         if slot.child.try_wait().unwrap().is_none() {
+            let start_ms = coordinator.millis();
             signal(&slot.child, "-KILL");
             let _ = slot.child.wait();
-            cut_off.insert(slot.process.clone());
+            injected.push(coordinator.fault(&slot.process, FaultKind::Kill, start_ms));
         }
     }
     let elapsed = started.elapsed();
@@ -566,7 +608,7 @@ fn main() {
         }
         records
     });
-    let verdict = check(&calls, &runs, &records, &cut_off);
+    let verdict = check(&calls, &runs, &records, &injected);
     println!(
         "chaos on {}: {} workers x {} tasks, {} keys every 5 s, {:.0?}",
         idem::store::redacted_url(&args.store),

@@ -430,3 +430,72 @@ async fn a_relay_on_sqlite_publishes_its_outbox() {
     relays_share_an_outbox(&url, pool, "sqlite", 1).await;
     let _ = std::fs::remove_file(file);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_delivery_and_the_queue_goes_on() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.panic";
+    let channel = fresh_queue(&url, queue).await;
+    publish(&channel, queue, Some("boom"), br#"{"points": 1}"#).await;
+    for n in 0..5 {
+        publish(&channel, queue, Some(&format!("order-{n}")), br#"{"points": 2}"#).await;
+    }
+    let panics = Arc::new(AtomicU32::new(0));
+    let consumer = Consumer::new(&url, queue)
+        .prefetch(1)
+        .redeliver_after(Duration::from_millis(50))
+        .max_attempts(3);
+    let seen = panics.clone();
+    let _stop = spawn(consumer.clone(), move |message: Message<Value>| {
+        let seen = seen.clone();
+        async move {
+            if message.key == "boom" {
+                seen.fetch_add(1, Ordering::SeqCst);
+                panic!("the handler's own bug");
+            }
+            Ok::<_, CreditError>(message.body)
+        }
+    });
+    let stats = until(&consumer, |s| s.acked == 5 && s.failed == 1).await;
+    assert_eq!(
+        panics.load(Ordering::SeqCst),
+        3,
+        "three attempts, then the policy: {stats:?}"
+    );
+    assert_eq!(waiting(&channel, queue).await, 0);
+    assert_eq!(waiting(&channel, &format!("{queue}.dead")).await, 1, "dead-lettered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_meets_the_policy_and_never_starves_the_queue() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.poison";
+    let channel = fresh_queue(&url, queue).await;
+    publish(&channel, queue, Some("poison"), br#"{"points": 1}"#).await;
+    publish(&channel, queue, Some("good"), br#"{"points": 2}"#).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let poisoned = Idempotent::new("amqp.poison").store(Arc::new(MemoryStore::new()));
+    let failing = counted(poisoned.clone(), runs.clone(), Duration::ZERO, true);
+    let good_runs = Arc::new(AtomicU32::new(0));
+    let working = counted(poisoned, good_runs.clone(), Duration::ZERO, false);
+    // One delivery at a time: a requeued poison message comes back first every time.
+    let consumer = Consumer::new(&url, queue)
+        .prefetch(1)
+        .redeliver_after(Duration::from_millis(50))
+        .max_attempts(4);
+    let _stop = spawn(consumer.clone(), move |message: Message<Value>| {
+        if message.key == "poison" {
+            failing(message)
+        } else {
+            working(message)
+        }
+    });
+    let stats = until(&consumer, |s| s.acked == 1 && s.failed == 1).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        4,
+        "four runs of the poison, then the policy: {stats:?}"
+    );
+    assert_eq!(good_runs.load(Ordering::SeqCst), 1, "the good message ran");
+    assert_eq!(waiting(&channel, &format!("{queue}.dead")).await, 1);
+}

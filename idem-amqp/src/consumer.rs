@@ -1,12 +1,14 @@
 //! The idempotent consumer: each delivery runs the handler, and is acked only after its
 //! outcome is recorded.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::FieldTable;
@@ -31,7 +33,7 @@ use crate::message::{KeySource, Message};
 /// | `Ok` (the body ran and its outcome is recorded, or the first answer replayed) | acked |
 /// | `Error::Duplicate` (`mode = Reject`) | acked |
 /// | `Error::InProgress` (another consumer has it), `Store`, `LeaseLost`, `Decode`, `NoStore` | not acked: requeued after [`redeliver_after`](Self::redeliver_after) |
-/// | the body's own error (its claim released: `on_error = Release`) | not acked: requeued after the pause, and runs again |
+/// | the body's own error (its claim released: `on_error = Release`), or a panic in the handler | not acked: requeued after the pause, and runs again — at most [`max_attempts`](Self::max_attempts) times, then the [`OnFailure`] policy |
 /// | `Error::PreviousFailed` (`on_error = Record`), `PayloadMismatch`, `InvalidKey`, `Encode` | the [`OnFailure`] policy |
 /// | nothing: no key, or a body that is not the JSON of `M` | the [`OnFailure`] policy, unrun |
 ///
@@ -39,7 +41,12 @@ use crate::message::{KeySource, Message};
 /// point leaves its unacked deliveries to the broker, which delivers them again; the
 /// handler then replays the recorded answer (or runs a body whose claim was never
 /// committed). The pause before a requeue keeps a message that another consumer is
-/// still running from coming back in a hot loop.
+/// still running from coming back in a hot loop. A handler that panics fails that
+/// delivery only: the consumer goes on with the others. A message whose body keeps
+/// failing (a poison message) is not requeued forever, starving the messages behind it:
+/// after `max_attempts` failed runs in this consumer it meets the failure policy. (The
+/// count is this process's; a restarted consumer counts again from zero — a quorum
+/// queue's `x-delivery-limit` bounds it across processes.)
 ///
 /// The consumer reconnects by itself when the broker goes away (a restart, a cut
 /// connection), with pauses from 100 ms to 5 s; [`on_connect`](Self::on_connect)
@@ -52,8 +59,11 @@ pub struct Consumer {
     prefetch: u16,
     redeliver_after: Duration,
     on_failure: OnFailure,
+    max_attempts: u32,
     declare: Option<Setup>,
     stats: Arc<Counters>,
+    /// The failed runs of each key not yet settled, in this process.
+    attempts: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -65,6 +75,7 @@ impl std::fmt::Debug for Consumer {
             .field("prefetch", &self.prefetch)
             .field("redeliver_after", &self.redeliver_after)
             .field("on_failure", &self.on_failure)
+            .field("max_attempts", &self.max_attempts)
             .finish_non_exhaustive()
     }
 }
@@ -74,6 +85,13 @@ pub const DEFAULT_PREFETCH: u16 = 16;
 
 /// The pause before a delivery that was not settled is requeued, by default.
 pub const DEFAULT_REDELIVER_AFTER: Duration = Duration::from_secs(1);
+
+/// How many times a message's body may fail (or its handler panic) before the failure
+/// policy takes it, by default.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+/// The most keys whose failed runs are counted at once; past it the counts start over.
+const COUNTED_KEYS: usize = 100_000;
 
 impl Consumer {
     /// A consumer of `queue` on the broker at `amqp_url` (`amqp://user:pass@host:5672/%2f`).
@@ -85,8 +103,10 @@ impl Consumer {
             prefetch: DEFAULT_PREFETCH,
             redeliver_after: DEFAULT_REDELIVER_AFTER,
             on_failure: OnFailure::default(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
             declare: None,
             stats: Arc::default(),
+            attempts: Arc::default(),
         }
     }
 
@@ -107,6 +127,16 @@ impl Consumer {
     /// 1 s): the time another consumer gets to finish the same message.
     pub fn redeliver_after(mut self, pause: Duration) -> Self {
         self.redeliver_after = pause;
+        self
+    }
+
+    /// How many times a message's body may fail, or its handler panic, before the
+    /// message meets the [`OnFailure`] policy instead of another requeue (default
+    /// [`DEFAULT_MAX_ATTEMPTS`]; at least 1). Only the body's own failures count: a
+    /// message another consumer is running, or one the store could not claim, is
+    /// requeued however often that happens.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
         self
     }
 
@@ -220,15 +250,53 @@ impl Consumer {
             return self.settle(&delivery, Disposition::Final).await;
         };
         let key = message.key.clone();
-        let answer = handler(message).await;
-        let disposition = Disposition::of(&answer);
-        if let Err(error) = &answer {
-            match disposition {
-                Disposition::Final => warn!(queue = %self.queue, %key, %error, "message failed for good"),
-                _ => debug!(queue = %self.queue, %key, %error, "message not settled; requeued after a pause"),
+        let disposition = match AssertUnwindSafe(handler(message)).catch_unwind().await {
+            Ok(answer) => {
+                let disposition = Disposition::of(&answer);
+                let body_failed = answer.as_ref().err().is_some_and(|error| error.idem_error().is_none());
+                if let Err(error) = &answer {
+                    match disposition {
+                        Disposition::Final => warn!(queue = %self.queue, %key, %error, "message failed for good"),
+                        _ => debug!(queue = %self.queue, %key, %error, "message not settled; requeued after a pause"),
+                    }
+                }
+                self.counted(&key, disposition, body_failed)
             }
-        }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                warn!(queue = %self.queue, %key, panic = %what, "the handler panicked; the message is not settled");
+                self.counted(&key, Disposition::Redeliver, true)
+            }
+        };
         self.settle(&delivery, disposition).await;
+    }
+
+    /// `disposition`, once this run is counted: a body that failed again past
+    /// `max_attempts` makes it final.
+    fn counted(&self, key: &str, disposition: Disposition, body_failed: bool) -> Disposition {
+        let mut attempts = self.attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if disposition != Disposition::Redeliver {
+            attempts.remove(key);
+            return disposition;
+        }
+        if !body_failed {
+            return disposition;
+        }
+        if attempts.len() >= COUNTED_KEYS && !attempts.contains_key(key) {
+            attempts.clear();
+        }
+        let failed = attempts.entry(key.to_owned()).or_default();
+        *failed += 1;
+        if *failed < self.max_attempts {
+            return disposition;
+        }
+        attempts.remove(key);
+        warn!(queue = %self.queue, %key, attempts = self.max_attempts, "the message's body failed every attempt; failed for good");
+        Disposition::Final
     }
 
     /// The delivery as the handler sees it, or `None` (logged) when it has no key or its

@@ -90,7 +90,7 @@ mod outbox;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod relay;
 
-pub use consumer::{Consumer, ConsumerStats, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
+pub use consumer::{Consumer, ConsumerStats, DEFAULT_MAX_ATTEMPTS, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
 pub use disposition::{HandlerError, OnFailure};
 pub use message::{KeyFn, KeySource, Message};
 

@@ -76,3 +76,4 @@
 pub mod chaos;
 pub mod conformance;
 pub mod harness;
+pub mod mutants;

@@ -66,76 +66,94 @@ pub fn server_url(var: &str, backend: &str) -> Option<String> {
     None
 }
 
+/// Every scenario of [`conformance_suite!`](crate::conformance_suite), by module, handed to the macro `$then`
+/// (one of this crate's) after `$($args)*`: the one list the suite's tests and
+/// [`all`] are made from.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __every_scenario {
+    ($then:ident; $($args:tt)*) => {
+        $crate::$then! {$($args)*;
+            injected [
+                outcome_is_recorded_after_the_caller_is_dropped,
+                failure_outcomes_are_retried,
+                late_claim_renews_before_the_body,
+                lost_reply_of_a_committed_complete_is_success,
+                replays_equal_the_first_answer,
+                equal_payloads_fingerprint_equal,
+                reordered_lists_are_another_payload,
+                an_outage_shorter_than_the_lease_runs_a_finished_body_once,
+                a_writer_cut_off_past_its_lease_is_taken_over,
+                lost_lease_is_signalled_to_the_body,
+                waiting_reads_within_its_deadline,
+                reentrant_call_fails_at_once,
+                durations_are_bounded_by_what_stores_hold,
+                store_failures_while_holding_keep_the_key,
+                a_response_the_store_keeps_refusing_is_recorded_as_failed,
+            ],
+            steps [
+                takeover_replays_finished_steps,
+                released_call_keeps_its_steps,
+                failed_step_is_not_recorded,
+                step_misuse_is_refused,
+                stale_holder_cannot_record_steps,
+                a_new_life_starts_without_steps,
+                a_step_record_that_fails_once_is_offered_again,
+                a_step_does_not_start_once_the_lease_is_lost,
+                a_step_value_that_cannot_be_recorded_is_not_run_again,
+            ],
+            tokens [
+                concurrent_consumers_have_one_winner,
+                unknown_tokens_are_refused,
+                expired_tokens_are_refused,
+            ],
+            scenarios [
+                first_call_runs_once_and_records_success,
+                repeat_replays_without_running,
+                reject_mode_refuses_duplicates,
+                concurrent_duplicates_run_once,
+                concurrent_duplicates_with_wait_all_get_the_first_result,
+                duplicate_in_progress_gets_in_progress,
+                wait_returns_the_first_result,
+                payload_mismatch_is_refused_and_record_untouched,
+                identical_payload_replays,
+                on_error_release_lets_a_retry_run,
+                on_error_record_answers_previous_failed,
+                expired_record_runs_again,
+                cancelled_holder_is_taken_over_after_its_lease,
+                panicking_body_leaves_the_claim_to_its_lease,
+                live_holder_keeps_its_claim_past_one_lease,
+                stale_holder_cannot_complete_over_the_new_holder,
+                stale_holder_cannot_fail_or_release_the_new_record,
+                stale_lease_writes_nothing_while_the_new_holder_runs,
+                lapsed_claim_is_not_taken_over_by_another_payload,
+                bad_keys_are_refused_before_the_body,
+                falsy_looking_keys_are_valid,
+                biz_namespaces_do_not_share_records,
+                typed_results_round_trip_exactly,
+                two_functions_keep_their_own_options,
+                context_names_the_claim,
+                effect_keys_and_fences_follow_the_life_of_a_key,
+                success_is_never_taken_over_before_its_ttl,
+                rejected_duplicate_deletes_nothing,
+                undecodable_response_is_a_decode_error_and_kept,
+                purge_deletes_only_expired_records_in_batches,
+                a_renewed_claim_outlives_its_ttl,
+                a_claim_whose_lease_outlasts_its_ttl_is_kept_while_it_runs,
+            ]
+        }
+    };
+}
+
 /// Generate one `#[tokio::test]` per scenario, each on a store from `$store` (an
 /// `Option`: `None` when the backend is not available here).
 #[macro_export]
 macro_rules! conformance_suite {
     ($store:expr) => {
-        $crate::conformance_suite!(@tests $store; injected;
-            outcome_is_recorded_after_the_caller_is_dropped,
-            failure_outcomes_are_retried,
-            late_claim_renews_before_the_body,
-            lost_reply_of_a_committed_complete_is_success,
-            replays_equal_the_first_answer,
-            equal_payloads_fingerprint_equal,
-            reordered_lists_are_another_payload,
-            an_outage_shorter_than_the_lease_runs_a_finished_body_once,
-            a_writer_cut_off_past_its_lease_is_taken_over,
-            lost_lease_is_signalled_to_the_body,
-            waiting_reads_within_its_deadline,
-            reentrant_call_fails_at_once,
-            durations_are_bounded_by_what_stores_hold,
-            store_failures_while_holding_keep_the_key,
-            a_response_the_store_keeps_refusing_is_recorded_as_failed,
-        );
-        $crate::conformance_suite!(@tests $store; steps;
-            takeover_replays_finished_steps,
-            released_call_keeps_its_steps,
-            failed_step_is_not_recorded,
-            step_misuse_is_refused,
-            stale_holder_cannot_record_steps,
-            a_new_life_starts_without_steps,
-            a_step_record_that_fails_once_is_offered_again,
-            a_step_does_not_start_once_the_lease_is_lost,
-            a_step_value_that_cannot_be_recorded_is_not_run_again,
-        );
-        $crate::conformance_suite!(@tests $store; tokens;
-            concurrent_consumers_have_one_winner,
-            unknown_tokens_are_refused,
-            expired_tokens_are_refused,
-        );
-        $crate::conformance_suite!(@tests $store; scenarios;
-            first_call_runs_once_and_records_success,
-            repeat_replays_without_running,
-            reject_mode_refuses_duplicates,
-            concurrent_duplicates_run_once,
-            concurrent_duplicates_with_wait_all_get_the_first_result,
-            duplicate_in_progress_gets_in_progress,
-            wait_returns_the_first_result,
-            payload_mismatch_is_refused_and_record_untouched,
-            identical_payload_replays,
-            on_error_release_lets_a_retry_run,
-            on_error_record_answers_previous_failed,
-            expired_record_runs_again,
-            cancelled_holder_is_taken_over_after_its_lease,
-            panicking_body_leaves_the_claim_to_its_lease,
-            live_holder_keeps_its_claim_past_one_lease,
-            stale_holder_cannot_complete_over_the_new_holder,
-            stale_holder_cannot_fail_or_release_the_new_record,
-            stale_lease_writes_nothing_while_the_new_holder_runs,
-            lapsed_claim_is_not_taken_over_by_another_payload,
-            bad_keys_are_refused_before_the_body,
-            falsy_looking_keys_are_valid,
-            biz_namespaces_do_not_share_records,
-            typed_results_round_trip_exactly,
-            two_functions_keep_their_own_options,
-            context_names_the_claim,
-            effect_keys_and_fences_follow_the_life_of_a_key,
-            success_is_never_taken_over_before_its_ttl,
-            rejected_duplicate_deletes_nothing,
-            undecodable_response_is_a_decode_error_and_kept,
-            purge_deletes_only_expired_records_in_batches,
-        );
+        $crate::__every_scenario!(conformance_suite; @modules $store);
+    };
+    (@modules $store:expr; $($module:ident [$($scenario:ident),* $(,)?]),* $(,)?) => {
+        $( $crate::conformance_suite!(@tests $store; $module; $($scenario),*); )*
     };
     (@tests $store:expr; $module:ident; $($scenario:ident),* $(,)?) => {
         $(
@@ -148,6 +166,34 @@ macro_rules! conformance_suite {
             }
         )*
     };
+}
+
+/// One scenario of the suite: its name (`module::scenario`) and a run of it on a store.
+pub struct Scenario {
+    /// `module::scenario`, as the suite's test is named.
+    pub name: &'static str,
+    /// Runs the scenario on a store; it panics where the store falls short.
+    pub run: fn(calls::Store) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scenario_list {
+    (; $($module:ident [$($scenario:ident),* $(,)?]),* $(,)?) => {
+        vec![$($(
+            $crate::conformance::Scenario {
+                name: concat!(stringify!($module), "::", stringify!($scenario)),
+                run: |store| Box::pin(async move { $crate::conformance::$module::$scenario(&store).await }),
+            },
+        )*)*]
+    };
+}
+
+/// Every scenario of [`conformance_suite!`](crate::conformance_suite), to run by hand: against a store whose
+/// verdict is known (a mutant the kit must fail, a correct store it must pass), or to
+/// report on a store without a test per scenario.
+pub fn all() -> Vec<Scenario> {
+    crate::__every_scenario!(__scenario_list;)
 }
 
 /// Two stores on one server, as two processes would have: they see one record, and a

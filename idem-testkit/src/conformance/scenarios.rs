@@ -757,3 +757,84 @@ pub async fn lapsed_claim_is_not_taken_over_by_another_payload(store: &Store) {
         "the same payload may"
     );
 }
+
+/// Claim `key` of `biz` at `at` for `lease`, kept `ttl`, through the trait: the lease.
+async fn granted(
+    store: &Store,
+    biz: &str,
+    key: &str,
+    at: std::time::SystemTime,
+    lease: Duration,
+    ttl: Duration,
+) -> idem::store::Lease {
+    use idem::store::{Claim, ClaimOutcome};
+    match store.claim(&Claim::new(biz, key, at, lease, ttl)).await.unwrap() {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("a free key is granted: {other:?}"),
+    }
+}
+
+/// Whether a claim of `key` at `at` is refused with the running record.
+async fn refused_as_running(store: &Store, biz: &str, key: &str, at: std::time::SystemTime) -> bool {
+    use idem::store::{Claim, ClaimOutcome};
+    let hour = Duration::from_secs(3600);
+    matches!(
+        store.claim(&Claim::new(biz, key, at, hour, hour)).await.unwrap(),
+        ClaimOutcome::Existing(record) if record.status == Status::Processing
+    )
+}
+
+/// A body that outlives its `ttl` keeps its key while it renews: a renewal extends the
+/// record's life with its lease, so the record is neither expired (and claimed again
+/// as a new life, a second run), nor purged, while the lease runs.
+pub async fn a_renewed_claim_outlives_its_ttl(store: &Store) {
+    use idem::store::FenceCheck;
+    let (biz, key) = (unique("outlives"), unique("k"));
+    let t0 = idem::store::now();
+    let ten = Duration::from_secs(10);
+    let lease = granted(store, &biz, &key, t0, ten, ten).await;
+    // Renewed at 8 s for 10 s more: the lease runs to 18 s, past the ttl's 10 s.
+    assert_eq!(
+        store.renew(&lease, t0 + Duration::from_secs(8), ten).await.unwrap(),
+        FenceCheck::Held
+    );
+    let at = t0 + Duration::from_secs(15);
+    let running = record(store, &biz, &key).await.expect("the running claim");
+    assert!(
+        running.lease_until.is_some_and(|until| running.expires_at >= until),
+        "a renewal extends the record's expiry with its lease: {running:?}"
+    );
+    assert!(
+        refused_as_running(store, &biz, &key, at).await,
+        "a running claim past its ttl is not claimed again"
+    );
+    let _ = store.purge_expired(at, 1000).await.unwrap();
+    let kept = record(store, &biz, &key).await;
+    assert!(
+        kept.is_some_and(|r| r.status == Status::Processing && lease.holds(&r)),
+        "a running claim past its ttl is not purged"
+    );
+    assert_eq!(store.complete(&lease, "1", at, ten).await.unwrap(), FenceCheck::Held);
+}
+
+/// A claim whose lease is longer than its `ttl` (a slow body kept briefly afterwards)
+/// is the key's until its lease ends: neither taken over, nor purged, once the `ttl`
+/// has passed and the lease still runs.
+pub async fn a_claim_whose_lease_outlasts_its_ttl_is_kept_while_it_runs(store: &Store) {
+    use idem::store::FenceCheck;
+    let (biz, key) = (unique("long-lease"), unique("k"));
+    let t0 = idem::store::now();
+    let lease = granted(store, &biz, &key, t0, Duration::from_secs(3600), Duration::from_secs(1)).await;
+    let at = t0 + Duration::from_secs(5);
+    assert!(refused_as_running(store, &biz, &key, at).await, "the lease still runs");
+    let _ = store.purge_expired(at, 1000).await.unwrap();
+    let kept = record(store, &biz, &key).await;
+    assert!(
+        kept.is_some_and(|r| lease.holds(&r)),
+        "a claim whose lease runs is not purged"
+    );
+    assert_eq!(
+        store.complete(&lease, "1", at, Duration::from_secs(60)).await.unwrap(),
+        FenceCheck::Held
+    );
+}
