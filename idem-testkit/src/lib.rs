@@ -63,8 +63,12 @@
 //!   worker, a TCP forwarder that can move or cut a store's address, and the storm of
 //!   concurrent calls through a failover ([`harness::failover::Storm`]).
 //! - [`chaos`]: the history of calls a chaos run records, and the checker that reads it
-//!   with the business effects: at most one effect per key, every answer the first,
-//!   none for another payload, no success lost.
+//!   with the business effects and the faults injected: at most one effect per key
+//!   beyond the runs a fault cut off while they ran, every answer the first, none for
+//!   another payload, no success lost, no lease lost without a fault.
+//! - [`mutants`]: broken stores — a correct map store that can carry one of eleven
+//!   bugs, and a real store with short leases — that the kit and the checker are shown
+//!   to fail.
 //!
 //! Dependencies: `idem` (the attribute and the stores the suites run on), `async-trait`
 //! (the fault-injecting store implements the store trait), `tokio` (the runtime of the
