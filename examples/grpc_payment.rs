@@ -38,6 +38,9 @@ use std::time::Duration;
 use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 
+#[path = "support/bearer.rs"]
+mod bearer;
+
 /// `payments.PayRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct PayRequest {
@@ -144,17 +147,8 @@ pub struct Subject(pub String);
 /// names its subject (a stand-in for verifying a real token's signature and reading its
 /// `sub`). A call without one carries no [`Subject`], and the layer refuses it.
 pub fn authenticate(mut request: http::Request<tonic::body::Body>) -> http::Request<tonic::body::Body> {
-    let token = request
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    if let Some(subject) = token
-        .and_then(|token| token.split('.').next())
-        .filter(|s| !s.is_empty())
-    {
-        let subject = Subject(subject.to_owned());
-        request.extensions_mut().insert(subject);
+    if let Some(subject) = bearer::subject(request.headers()) {
+        request.extensions_mut().insert(Subject(subject));
     }
     request
 }

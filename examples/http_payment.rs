@@ -54,6 +54,9 @@ use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+#[path = "support/bearer.rs"]
+mod bearer;
+
 /// Who is signed in: what [`authenticate`] puts in a request's extensions, and what the
 /// idempotency layer keeps each caller's keys apart by.
 #[derive(Clone, Debug)]
@@ -94,14 +97,7 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// user. A request it cannot sign in carries no [`User`], and the layer refuses it.
 async fn authenticate(State(app): State<Arc<App>>, mut request: Request, next: Next) -> Response {
     let headers = request.headers();
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .and_then(|token| token.split('.').next())
-        .filter(|subject| !subject.is_empty())
-        .map(str::to_owned);
-    let user = bearer.or_else(|| app.sessions.user(cookie(headers, "session")?));
+    let user = bearer::subject(headers).or_else(|| app.sessions.user(cookie(headers, "session")?));
     if let Some(id) = user {
         request.extensions_mut().insert(User { id });
     }

@@ -52,6 +52,9 @@ use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 
+#[path = "support/bearer.rs"]
+mod bearer;
+
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Orders → outbox → relay → RabbitMQ → idempotent consumer → effects")]
 struct Options {
@@ -316,15 +319,7 @@ macro_rules! pipeline {
             /// `SUBJECT.SERIAL` names its subject (a stand-in for verifying a real token
             /// and reading its subject).
             async fn authenticate(mut request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-                let subject = request
-                    .headers()
-                    .get(axum::http::header::AUTHORIZATION)
-                    .and_then(|value| value.to_str().ok())
-                    .and_then(|value| value.strip_prefix("Bearer "))
-                    .and_then(|token| token.split('.').next())
-                    .filter(|subject| !subject.is_empty())
-                    .map(str::to_owned);
-                if let Some(subject) = subject {
+                if let Some(subject) = bearer::subject(request.headers()) {
                     request.extensions_mut().insert(Customer(subject));
                 }
                 next.run(request).await

@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::fmt::Write;
 
 use serde_json::value::RawValue;
 
@@ -66,7 +67,8 @@ impl BodyPrint {
         if leaves.len() > MAX_LEAVES {
             let mut whole = String::new();
             for (path, material) in &leaves {
-                whole.push_str(&format!("{}:{path}{}:{material}", path.len(), material.len()));
+                // Length-prefixed: no two lists of leaves write the same text.
+                let _ = write!(whole, "{}:{path}{}:{material}", path.len(), material.len());
             }
             return BodyPrint::Json(sha256_hex(whole));
         }

@@ -5,6 +5,10 @@
 // The shared test tools, as every store's suite uses them.
 use idem_testkit::{conformance, harness};
 
+// The examples' stand-in for verifying a bearer token (its subject is the caller).
+#[path = "../../examples/support/bearer.rs"]
+mod bearer;
+
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -136,12 +140,7 @@ async fn authenticate(mut request: Request, next: axum::middleware::Next) -> Res
     if !request.headers().contains_key("x-tenant") {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    let bearer = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok());
-    if let Some(token) = bearer.and_then(|value| value.strip_prefix("Bearer ")) {
-        let subject = token.split('.').next().unwrap_or(token).to_owned();
+    if let Some(subject) = bearer::subject(request.headers()) {
         request.extensions_mut().insert(Principal(subject));
     }
     next.run(request).await

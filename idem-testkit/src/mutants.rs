@@ -6,7 +6,8 @@
 //! carry one [`Bug`] — each a mistake a store written against the trait could make. The
 //! kit's own tests run every scenario of [`conformance_suite!`](crate::conformance_suite)
 //! against each mutant and require a failure, and against the correct store and require
-//! none; the chaos runner's `--broken-guard` runs its workload on one.
+//! none. [`ShortLeases`] breaks one guard of a real store, shared by processes: the
+//! chaos runner's `--broken-guard` runs its workload on it.
 //!
 //! ```
 //! use idem_testkit::mutants::{Bug, MutantStore};
@@ -86,9 +87,6 @@ pub struct MutantStore {
     records: Arc<Mutex<BTreeMap<Id, Record>>>,
     first_reads: Arc<Mutex<BTreeMap<Id, Option<Record>>>>,
     bug: Option<Bug>,
-    /// With [`MutantStore::every`], the bug bites one call in this many; else every call.
-    every: u64,
-    calls: Arc<AtomicU64>,
 }
 
 /// A holder's write.
@@ -105,16 +103,7 @@ impl MutantStore {
             records: Arc::default(),
             first_reads: Arc::default(),
             bug,
-            every: 1,
-            calls: Arc::default(),
         }
-    }
-
-    /// The same store, whose bug bites only one call in `n` of those it could (a race,
-    /// a rare path): what a chaos run meets in a store that almost works.
-    pub fn every(mut self, n: u64) -> Self {
-        self.every = n.max(1);
-        self
     }
 
     /// The bug this store carries.
@@ -122,9 +111,9 @@ impl MutantStore {
         self.bug
     }
 
-    /// Whether `bug` bites this call.
+    /// Whether this store carries `bug`.
     fn bites(&self, bug: Bug) -> bool {
-        self.bug == Some(bug) && self.calls.fetch_add(1, Ordering::Relaxed).is_multiple_of(self.every)
+        self.bug == Some(bug)
     }
 
     fn id(biz: &str, key: &str) -> Id {
@@ -143,7 +132,7 @@ impl MutantStore {
         match write {
             Write::Renew(until) => {
                 record.lease_until = Some(until);
-                let kept = self.bug == Some(Bug::PurgeDeletesRunningClaims) || self.bites(Bug::RenewKeepsExpiry);
+                let kept = self.bites(Bug::PurgeDeletesRunningClaims) || self.bites(Bug::RenewKeepsExpiry);
                 if !kept {
                     record.expires_at = record.expires_at.max(until);
                 }
@@ -183,7 +172,7 @@ impl MutantStore {
     /// Whether `claim` may take `existing`, as this store (and its bug) judges it.
     fn admits(&self, claim: &Claim<'_>, existing: &Record) -> bool {
         let running = existing.status == Status::Processing && !existing.lease_lapsed(claim.now);
-        if self.bug == Some(Bug::PurgeDeletesRunningClaims) && running {
+        if self.bites(Bug::PurgeDeletesRunningClaims) && running {
             return false;
         }
         if self.bites(Bug::TakeoverNeverGranted) {
@@ -282,7 +271,7 @@ impl IdempotencyStore for MutantStore {
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         let id = Self::id(biz, key);
         let now = self.records.lock().unwrap().get(&id).cloned();
-        if self.bug == Some(Bug::StaleGet) {
+        if self.bites(Bug::StaleGet) {
             return Ok(self.first_reads.lock().unwrap().entry(id).or_insert(now).clone());
         }
         Ok(now)

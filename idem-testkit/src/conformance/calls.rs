@@ -11,6 +11,23 @@ use serde::{Deserialize, Serialize};
 /// A store as the scenarios take it: shared, behind the trait.
 pub type Store = Arc<dyn IdempotencyStore>;
 
+/// Claim `key` of `biz` through the store trait at `at` (a lease of `lease`, kept `ttl`),
+/// which must be granted: its lease.
+pub async fn granted(
+    store: &Store,
+    biz: &str,
+    key: &str,
+    at: std::time::SystemTime,
+    lease: Duration,
+    ttl: Duration,
+) -> idem::store::Lease {
+    use idem::store::{Claim, ClaimOutcome};
+    match store.claim(&Claim::new(biz, key, at, lease, ttl)).await.unwrap() {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("the claim is granted: {other:?}"),
+    }
+}
+
 /// The application's error type: its own failures plus idem's.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {

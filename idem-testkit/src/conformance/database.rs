@@ -143,12 +143,6 @@ pub async fn stuck_and_failed(store: &Store) -> (String, String) {
     (stuck, failed)
 }
 
-/// Claim `key` of `biz` at `at` (a lease of `lease`, kept `ttl`), which must be granted.
-async fn granted(store: &Store, biz: &str, key: &str, at: std::time::SystemTime, lease: Duration, ttl: Duration) {
-    let claim = Claim::new(biz, key, at, lease, ttl);
-    assert!(matches!(store.claim(&claim).await.unwrap(), ClaimOutcome::Acquired(_)));
-}
-
 /// SCENARIOS 25, with the row the purge guard is for: expired, yet PROCESSING under a
 /// lease that still runs (written by hand — the executor never leaves one).
 pub async fn purge_never_deletes_a_running_claim<F, Fut>(store: &Store, edit: F)

@@ -758,22 +758,6 @@ pub async fn lapsed_claim_is_not_taken_over_by_another_payload(store: &Store) {
     );
 }
 
-/// Claim `key` of `biz` at `at` for `lease`, kept `ttl`, through the trait: the lease.
-async fn granted(
-    store: &Store,
-    biz: &str,
-    key: &str,
-    at: std::time::SystemTime,
-    lease: Duration,
-    ttl: Duration,
-) -> idem::store::Lease {
-    use idem::store::{Claim, ClaimOutcome};
-    match store.claim(&Claim::new(biz, key, at, lease, ttl)).await.unwrap() {
-        ClaimOutcome::Acquired(lease) => lease,
-        other => panic!("a free key is granted: {other:?}"),
-    }
-}
-
 /// Whether a claim of `key` at `at` is refused with the running record.
 async fn refused_as_running(store: &Store, biz: &str, key: &str, at: std::time::SystemTime) -> bool {
     use idem::store::{Claim, ClaimOutcome};
