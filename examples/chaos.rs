@@ -421,11 +421,7 @@ impl Coordinator {
         if let Some(libfaketime) = self.libfaketime {
             // The worker's clock offset is read from a file, again every second: a
             // clock step is a write to it.
-            command
-                .env("LD_PRELOAD", libfaketime)
-                .env("FAKETIME_TIMESTAMP_FILE", clock)
-                .env("FAKETIME_CACHE_DURATION", "1")
-                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            harness::stepped_by(&mut command, libfaketime, clock);
         }
         command.spawn().expect("start a chaos worker")
     }

@@ -499,3 +499,83 @@ async fn a_poison_message_meets_the_policy_and_never_starves_the_queue() {
     assert_eq!(good_runs.load(Ordering::SeqCst), 1, "the good message ran");
     assert_eq!(waiting(&channel, &format!("{queue}.dead")).await, 1);
 }
+
+/// A relay that keeps sent rows 300 ms deletes them in batches once they are older, and
+/// never an unsent row.
+async fn a_relay_deletes_old_sent_rows<DB: idem::amqp::OutboxDatabase>(
+    url: &str,
+    pool: idem::sqlx::Pool<DB>,
+    name: &str,
+) {
+    let queue = format!("idem.test.purge.{name}");
+    let _channel = fresh_queue(url, &queue).await;
+    let outbox = Outbox::<DB>::named(&format!("outbox_purge_{name}_{}", std::process::id())).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    {
+        let mut connection = pool.acquire().await.unwrap();
+        let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"lost": true})).unwrap();
+        outbox.push(&mut connection, &nowhere).await.unwrap();
+        for n in 0..10 {
+            let message = OutboxMessage::json("", queue.as_str(), &json!({"n": n})).unwrap();
+            outbox.push(&mut connection, &message).await.unwrap();
+        }
+    }
+    let relay = Relay::new(pool.clone(), outbox.clone(), url)
+        .batch(4)
+        .idle(Duration::from_millis(20))
+        .keep_sent(Some(Duration::from_millis(300)));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = relay.clone();
+    tokio::spawn(async move {
+        running
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut sent_seen = 0;
+    loop {
+        let counts = outbox.counts(&pool).await.unwrap();
+        sent_seen = sent_seen.max(counts.sent);
+        if relay.stats().purged == 10 {
+            assert_eq!((counts.pending, counts.sent), (1, 0), "{name}: the unsent row is kept");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: not purged: {counts:?} {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sent_seen > 0, "{name}: rows were kept a while once sent");
+    assert_eq!(
+        waiting(&_channel, &queue).await,
+        10,
+        "{name}: every message was published"
+    );
+    drop(stop);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_deletes_old_sent_rows_on_every_database() {
+    let Some(url) = amqp_url() else { return };
+    let file = std::env::temp_dir().join(format!("idem-outbox-purge-{}.db", std::process::id()));
+    let sqlite = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
+        .await
+        .unwrap();
+    a_relay_deletes_old_sent_rows(&url, sqlite, "sqlite").await;
+    let _ = std::fs::remove_file(file);
+    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") {
+        a_relay_deletes_old_sent_rows(&url, idem::sqlx::PgPool::connect(&database).await.unwrap(), "postgres").await;
+    }
+    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") {
+        a_relay_deletes_old_sent_rows(
+            &url,
+            idem::sqlx::MySqlPool::connect(&database).await.unwrap(),
+            "mariadb",
+        )
+        .await;
+    }
+}

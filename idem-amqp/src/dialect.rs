@@ -46,6 +46,16 @@ pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
     /// (pending, sent) row counts.
     #[doc(hidden)]
     async fn counts(connection: &mut Self::Connection, table: &str) -> Result<(i64, i64), sqlx::Error>;
+
+    /// Delete at most `limit` rows sent more than `older_than_micros` ago (by the
+    /// database's clock), the oldest first; how many.
+    #[doc(hidden)]
+    async fn purge_sent(
+        connection: &mut Self::Connection,
+        table: &str,
+        older_than_micros: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error>;
 }
 
 /// A row as the claim selects it.
@@ -75,6 +85,8 @@ struct Statements {
     /// `UPDATE … WHERE id IN (`, the ids bound after it.
     mark_sent: &'static str,
     counts: &'static str,
+    /// Binds how long ago in microseconds (SQLite: a `strftime` modifier), then the limit.
+    purge_sent: &'static str,
 }
 
 fn sql(template: &str, table: &str) -> String {
@@ -84,7 +96,11 @@ fn sql(template: &str, table: &str) -> String {
 /// `OutboxDatabase` for one sqlx database, from its statements and how it returns an
 /// inserted row's id.
 macro_rules! outbox_database {
-    ($db:ty, $statements:expr, locks_rows = $locks:expr, insert($conn:ident, $sql:ident, $message:ident) => $insert:block) => {
+    (
+        $db:ty, $statements:expr, locks_rows = $locks:expr,
+        insert($conn:ident, $sql:ident, $message:ident) => $insert:block,
+        age($micros:ident) => $age:expr
+    ) => {
         impl sealed::Sealed for $db {}
 
         #[async_trait]
@@ -143,6 +159,20 @@ macro_rules! outbox_database {
                     .await?;
                 Ok((pending.unwrap_or(0), sent.unwrap_or(0)))
             }
+
+            async fn purge_sent(
+                connection: &mut Self::Connection,
+                table: &str,
+                $micros: i64,
+                limit: i64,
+            ) -> Result<u64, sqlx::Error> {
+                let done = sqlx::query(&sql($statements.purge_sent, table))
+                    .bind($age)
+                    .bind(limit)
+                    .execute(&mut *connection)
+                    .await?;
+                Ok(done.rows_affected())
+            }
         }
     };
 }
@@ -172,12 +202,14 @@ const POSTGRES: Statements = Statements {
             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
     mark_sent: "UPDATE {t} SET sent_at = statement_timestamp() WHERE id IN (",
     counts: "SELECT COUNT(*) FILTER (WHERE sent_at IS NULL), COUNT(*) FILTER (WHERE sent_at IS NOT NULL) FROM {t}",
+    purge_sent: "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE sent_at IS NOT NULL \
+                 AND sent_at < statement_timestamp() - $1 * INTERVAL '1 microsecond' ORDER BY id LIMIT $2)",
 };
 
 #[cfg(feature = "postgres")]
 outbox_database!(sqlx::Postgres, POSTGRES, locks_rows = true, insert(connection, sql, message) => {
     bind_message!(sqlx::query_scalar(&sql), message).fetch_one(&mut *connection).await
-});
+}, age(micros) => micros);
 
 #[cfg(feature = "mysql")]
 const MYSQL: Statements = Statements {
@@ -193,6 +225,9 @@ const MYSQL: Statements = Statements {
             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
     mark_sent: "UPDATE {t} SET sent_at = CURRENT_TIMESTAMP(6) WHERE id IN (",
     counts: "SELECT CAST(SUM(sent_at IS NULL) AS SIGNED), CAST(SUM(sent_at IS NOT NULL) AS SIGNED) FROM {t}",
+    purge_sent:
+        "DELETE FROM {t} WHERE sent_at IS NOT NULL AND sent_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                 ORDER BY id LIMIT ?",
 };
 
 #[cfg(feature = "mysql")]
@@ -200,7 +235,7 @@ outbox_database!(sqlx::MySql, MYSQL, locks_rows = true, insert(connection, sql, 
     // MySQL has no RETURNING: the id is the statement's insert id.
     let done = bind_message!(sqlx::query(&sql), message).execute(&mut *connection).await?;
     i64::try_from(done.last_insert_id()).map_err(|error| sqlx::Error::Decode(Box::new(error)))
-});
+}, age(micros) => micros);
 
 #[cfg(feature = "sqlite")]
 const SQLITE: Statements = Statements {
@@ -215,9 +250,11 @@ const SQLITE: Statements = Statements {
     claim: "SELECT id, exchange, routing_key, content_type, payload FROM {t} WHERE sent_at IS NULL ORDER BY id LIMIT ?",
     mark_sent: "UPDATE {t} SET sent_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id IN (",
     counts: "SELECT SUM(sent_at IS NULL), SUM(sent_at IS NOT NULL) FROM {t}",
+    purge_sent: "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE sent_at IS NOT NULL \
+                 AND sent_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?) ORDER BY id LIMIT ?)",
 };
 
 #[cfg(feature = "sqlite")]
 outbox_database!(sqlx::Sqlite, SQLITE, locks_rows = false, insert(connection, sql, message) => {
     bind_message!(sqlx::query_scalar(&sql), message).fetch_one(&mut *connection).await
-});
+}, age(micros) => format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000));

@@ -28,6 +28,26 @@ use idem_runtime::Error;
 ///     }
 /// }
 /// ```
+///
+/// An error type without it is a compile error that says so:
+///
+/// ```compile_fail
+/// # async fn demo() {
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("refused")]
+/// struct Refused;
+///
+/// let consumer = idem_amqp::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
+/// consumer.run(|_message: idem_amqp::Message<serde_json::Value>| async { Err::<(), Refused>(Refused) }).await;
+/// # }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "the consumer cannot tell whether `{Self}` is one of idem's errors",
+    label = "the handler's error type must implement `idem::amqp::HandlerError`",
+    note = "implement `HandlerError` for `{Self}`: `fn idem_error(&self) -> Option<&idem::Error>` returns the variant \
+            that holds idem's error (`#[from] idem::Error`), `None` for the handler's own failures; or return \
+            `idem::Error` itself"
+)]
 pub trait HandlerError: std::fmt::Display {
     /// The idem error this is, or `None` for the handler's own failure.
     fn idem_error(&self) -> Option<&Error>;

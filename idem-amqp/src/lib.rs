@@ -99,7 +99,7 @@ pub use dialect::OutboxDatabase;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use outbox::{InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use relay::{Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE};
+pub use relay::{Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT};
 
 /// The AMQP client, re-exported as is: channels, declarations and options.
 pub use lapin;

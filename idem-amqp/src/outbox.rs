@@ -131,6 +131,26 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         DB::insert(connection, &self.table, message).await
     }
 
+    /// Delete rows the broker confirmed more than `older_than` ago (by the database's
+    /// clock), at most `limit` in one statement, the oldest first: how many went. Call
+    /// it again until it answers less than `limit`; unsent rows are never touched. A
+    /// [`Relay`](crate::Relay) does this by itself ([`keep_sent`](crate::Relay::keep_sent)).
+    ///
+    /// Ids are not reused once their rows are gone (an identity column, `AUTOINCREMENT`,
+    /// and InnoDB's counter, which MariaDB 10.2.4+ and MySQL 8 keep across restarts), so
+    /// consumers keyed by the message id never see an old id again.
+    pub async fn purge_sent(
+        &self,
+        pool: &Pool<DB>,
+        older_than: std::time::Duration,
+        limit: u64,
+    ) -> Result<u64, sqlx::Error> {
+        let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let mut connection = pool.acquire().await?;
+        DB::purge_sent(&mut connection, &self.table, micros, limit).await
+    }
+
     /// How many rows wait to be published, and how many were published.
     pub async fn counts(&self, pool: &Pool<DB>) -> Result<OutboxCounts, sqlx::Error> {
         let mut connection = pool.acquire().await?;

@@ -51,6 +51,7 @@ pub struct Relay<DB: OutboxDatabase> {
     url: String,
     batch: u16,
     idle: Duration,
+    keep_sent: Option<Duration>,
     declare: Option<Setup>,
     stats: Arc<Counters>,
 }
@@ -63,6 +64,7 @@ impl<DB: OutboxDatabase> Clone for Relay<DB> {
             url: self.url.clone(),
             batch: self.batch,
             idle: self.idle,
+            keep_sent: self.keep_sent,
             declare: self.declare.clone(),
             stats: self.stats.clone(),
         }
@@ -76,6 +78,7 @@ impl<DB: OutboxDatabase> std::fmt::Debug for Relay<DB> {
             .field("url", &idem_runtime::redacted_url(&self.url))
             .field("batch", &self.batch)
             .field("idle", &self.idle)
+            .field("keep_sent", &self.keep_sent)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +89,14 @@ pub const DEFAULT_BATCH: u16 = 100;
 /// How long a relay waits after a round that found nothing, by default.
 pub const DEFAULT_IDLE: Duration = Duration::from_millis(100);
 
+/// How long a relay keeps rows the broker confirmed before it deletes them, by default:
+/// 7 days.
+pub const DEFAULT_KEEP_SENT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How often an idle relay looks for sent rows to delete, once none were left (or
+/// after half of [`Relay::keep_sent`], when that is sooner).
+const PURGE_EVERY: Duration = Duration::from_secs(60);
+
 impl<DB: OutboxDatabase> Relay<DB> {
     /// A relay of `outbox` in the database behind `pool` to the broker at `amqp_url`.
     pub fn new(pool: Pool<DB>, outbox: Outbox<DB>, amqp_url: impl Into<String>) -> Self {
@@ -95,6 +106,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
             url: amqp_url.into(),
             batch: DEFAULT_BATCH,
             idle: DEFAULT_IDLE,
+            keep_sent: Some(DEFAULT_KEEP_SENT),
             declare: None,
             stats: Arc::default(),
         }
@@ -109,6 +121,16 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// The pause after a round that found no row (default 100 ms).
     pub fn idle(mut self, pause: Duration) -> Self {
         self.idle = pause;
+        self
+    }
+
+    /// How long rows the broker confirmed are kept before the relay deletes them
+    /// ([`Outbox::purge_sent`]: a batch of [`batch`](Self::batch) rows at a time, in
+    /// rounds that found nothing to publish, until none is left, then again a minute —
+    /// or half the time kept — later); `None` keeps them for ever. Default
+    /// [`DEFAULT_KEEP_SENT`].
+    pub fn keep_sent(mut self, keep: Option<Duration>) -> Self {
+        self.keep_sent = keep;
         self
     }
 
@@ -151,17 +173,44 @@ impl<DB: OutboxDatabase> Relay<DB> {
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         info!(outbox = %self.outbox.table(), "relaying");
         let mut database_backoff = Backoff::new();
+        let mut next_purge = tokio::time::Instant::now();
         loop {
             match self.round(&channel).await {
                 // Nothing found, or nothing the broker took (an unroutable row at the
                 // head): wait before the next round rather than spin.
-                Ok(0) => tokio::time::sleep(self.idle).await,
+                Ok(0) => {
+                    if tokio::time::Instant::now() >= next_purge {
+                        // Another batch at the next idle round while a whole one went.
+                        if self.purge_sent().await < u64::from(self.batch) {
+                            let keep = self.keep_sent.unwrap_or(PURGE_EVERY);
+                            next_purge = tokio::time::Instant::now() + PURGE_EVERY.min(keep / 2);
+                        }
+                    }
+                    tokio::time::sleep(self.idle).await;
+                }
                 Ok(_) => database_backoff.reset(),
                 Err(RelayError::Broker(error)) => return Err(error),
                 Err(error) => {
                     warn!(outbox = %self.outbox.table(), %error, "relay round failed; trying again");
                     database_backoff.pause().await;
                 }
+            }
+        }
+    }
+
+    /// One batch of rows sent longer than [`keep_sent`](Self::keep_sent) ago deleted,
+    /// when the relay keeps them for a while: how many. A failure is only logged (a later
+    /// idle round tries again).
+    async fn purge_sent(&self) -> u64 {
+        let Some(keep) = self.keep_sent else { return 0 };
+        match self.outbox.purge_sent(&self.pool, keep, u64::from(self.batch)).await {
+            Ok(purged) => {
+                self.stats.purged.fetch_add(purged, Ordering::Relaxed);
+                purged
+            }
+            Err(error) => {
+                warn!(outbox = %self.outbox.table(), %error, "could not delete sent rows; trying again later");
+                0
             }
         }
     }
@@ -240,6 +289,7 @@ struct Counters {
     marked: AtomicU64,
     returned: AtomicU64,
     refused: AtomicU64,
+    purged: AtomicU64,
     sessions_lost: AtomicU64,
 }
 
@@ -251,6 +301,7 @@ impl Counters {
             marked_sent: read(&self.marked),
             returned: read(&self.returned),
             refused: read(&self.refused),
+            purged: read(&self.purged),
             sessions_lost: read(&self.sessions_lost),
         }
     }
@@ -268,6 +319,8 @@ pub struct RelayStats {
     pub returned: u64,
     /// Messages the broker refused to confirm (kept unsent).
     pub refused: u64,
+    /// Sent rows deleted after [`Relay::keep_sent`].
+    pub purged: u64,
     /// Broker sessions that ended and were started again.
     pub sessions_lost: u64,
 }

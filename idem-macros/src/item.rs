@@ -94,11 +94,21 @@ pub fn check(item: &IdempotentFn) -> syn::Result<()> {
              data; return an owned type (`String` for `&str`, `Vec<T>` for `&[T]`)",
         ));
     }
+    if let Some((error, named)) = foreign_error_type(&sig.output) {
+        return Err(syn::Error::new_spanned(
+            error,
+            format!(
+                "`{named}` cannot carry idem's errors (`InProgress`, `Store`, …), and, a type of another crate, it \
+                 cannot be given `impl From<idem::Error>`: return an error enum of your own with a \
+                 `#[from] idem::Error` variant, `anyhow::Error`, or `Box<dyn std::error::Error + Send + Sync>`"
+            ),
+        ));
+    }
     Ok(())
 }
 
-/// `Result<&'a T, E>`: the `&'a T`.
-fn borrowed_ok_type(output: &ReturnType) -> Option<&syn::TypeReference> {
+/// The type arguments of `Result<T, E>`, when the fn returns one.
+fn result_arguments(output: &ReturnType) -> Option<&syn::punctuated::Punctuated<syn::GenericArgument, Token![,]>> {
     let ReturnType::Type(_, ty) = output else {
         return None;
     };
@@ -106,13 +116,43 @@ fn borrowed_ok_type(output: &ReturnType) -> Option<&syn::TypeReference> {
         return None;
     };
     let last = path.path.segments.last().filter(|segment| segment.ident == "Result")?;
-    let syn::PathArguments::AngleBracketed(args) = &last.arguments else {
-        return None;
-    };
-    match args.args.first() {
+    match &last.arguments {
+        syn::PathArguments::AngleBracketed(args) => Some(&args.args),
+        _ => None,
+    }
+}
+
+/// `Result<&'a T, E>`: the `&'a T`.
+fn borrowed_ok_type(output: &ReturnType) -> Option<&syn::TypeReference> {
+    match result_arguments(output)?.first() {
         Some(syn::GenericArgument::Type(syn::Type::Reference(reference))) => Some(reference),
         _ => None,
     }
+}
+
+/// `Result<T, E>` whose `E` is a standard type that no crate but its own may give
+/// `From<idem::Error>` (`String`, `&str`, `()`, `std::io::Error`): `E`, and how to name it.
+fn foreign_error_type(output: &ReturnType) -> Option<(&syn::Type, &'static str)> {
+    let Some(syn::GenericArgument::Type(error)) = result_arguments(output)?.iter().nth(1) else {
+        return None;
+    };
+    let named = match error {
+        syn::Type::Tuple(unit) if unit.elems.is_empty() => "()",
+        syn::Type::Reference(reference) if matches!(&*reference.elem, syn::Type::Path(p) if p.path.is_ident("str")) => {
+            "&str"
+        }
+        syn::Type::Path(path) if path.qself.is_none() => {
+            let segments: Vec<String> = path.path.segments.iter().map(|s| s.ident.to_string()).collect();
+            let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+            match segments.as_slice() {
+                ["String"] | ["std", "string", "String"] | ["alloc", "string", "String"] => "String",
+                ["io", "Error"] | ["std", "io", "Error"] => "std::io::Error",
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    Some((error, named))
 }
 
 /// `&mut self` with `store = &self.store`: the store would stay borrowed from `self`
@@ -213,6 +253,33 @@ mod tests {
             "let = ;",
             "a body's syntax is rustc's to judge"
         );
+    }
+
+    #[test]
+    fn a_standard_error_type_is_refused_by_name_and_an_own_one_is_not() {
+        for (returned, named) in [
+            (quote!(Result<u32, String>), "`String`"),
+            (quote!(Result<u32, std::string::String>), "`String`"),
+            (quote!(Result<u32, &'static str>), "`&str`"),
+            (quote!(Result<u32, ()>), "`()`"),
+            (quote!(Result<u32, std::io::Error>), "`std::io::Error`"),
+            (quote!(Result<u32, io::Error>), "`std::io::Error`"),
+        ] {
+            let item: IdempotentFn = syn::parse2(quote!(async fn f() -> #returned { Ok(1) })).unwrap();
+            let error = check(&item).unwrap_err().to_string();
+            assert!(
+                error.starts_with(named) && error.contains("error enum of your own"),
+                "{returned}: {error}"
+            );
+        }
+        for returned in [
+            quote!(Result<u32, AppError>),
+            quote!(Result<u32, anyhow::Error>),
+            quote!(io::Result<u32>),
+        ] {
+            let item: IdempotentFn = syn::parse2(quote!(async fn f() -> #returned { Ok(1) })).unwrap();
+            assert!(check(&item).is_ok(), "{returned}");
+        }
     }
 
     #[test]

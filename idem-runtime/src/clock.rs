@@ -38,10 +38,38 @@ const TEST_CLOCK_THRESHOLD: Duration = Duration::from_millis(1);
 /// keeps, so an instant written and read back compares equal. Moved by tokio's test
 /// clock (see the module docs).
 pub fn now() -> SystemTime {
-    let since_epoch = moved_by_tokio(SystemTime::now())
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
+    whole_micros(moved_by_tokio(SystemTime::now()))
+}
+
+/// `instant`, truncated to whole microseconds.
+fn whole_micros(instant: SystemTime) -> SystemTime {
+    let since_epoch = instant.duration_since(UNIX_EPOCH).unwrap_or_default();
     UNIX_EPOCH + Duration::from_micros(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// A clock that reads [`now`] once, when it starts, and from then on moves only with the
+/// monotonic clock (tokio's, so a paused test clock moves it too): a step of the system
+/// clock — an NTP step, a VM resumed from suspend, an operator's `date -s` — does not
+/// move it. What a store in one process judges leases by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SteadyClock {
+    started: SystemTime,
+    at: tokio::time::Instant,
+}
+
+impl SteadyClock {
+    /// A clock that reads [`now`] at this moment.
+    pub(crate) fn start() -> Self {
+        SteadyClock {
+            started: now(),
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The instant it reads, in whole microseconds.
+    pub(crate) fn now(&self) -> SystemTime {
+        whole_micros(self.started + self.at.elapsed())
+    }
 }
 
 /// `system`, moved by how far tokio's clock is from the system's monotonic clock when
@@ -69,8 +97,14 @@ fn moved_by_tokio(system: SystemTime) -> SystemTime {
 /// runs minutes ahead would otherwise see every other host's lease as lapsed and take
 /// over running bodies. [`Caller`](Self::Caller) judges by the instants the caller
 /// passes ([`now`], which follows tokio's paused clock): for tests that move time
-/// against a real database, never for more than one host. `MemoryStore` and SQLite
-/// live on one host and always use the caller's instants.
+/// against a real database, never for more than one host.
+///
+/// `MemoryStore` lives in one process: its own clock is a steady one, started from the
+/// system clock and moved by the monotonic clock only, so a step of the system clock
+/// mid-body neither ends a running lease early nor lets a duplicate take it over.
+/// SQLite is shared by the processes of one host, which have no steady clock in common:
+/// it always judges by the caller's instants, the host's system clock (the bound a step
+/// of that clock opens is in docs/RELIABILITY.md, "Clocks").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum LeaseClock {
     /// The store's own clock; only lengths (lease, TTL) come from the caller.

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
+use crate::clock::{LeaseClock, SteadyClock};
 use crate::error::StoreError;
 use crate::record::{Record, Status};
 use crate::store::IdempotencyStore;
@@ -37,16 +38,52 @@ struct Shelf {
 /// sweep costs each claim O(1) on average). No sweeper task is needed; memory holds the
 /// records live within their `ttl` (or `lease`), and at most about as many again.
 ///
+/// Leases and expiry are judged by the store's own steady clock
+/// ([`LeaseClock::Store`]): it starts from the system clock when the store is made and
+/// then moves with the monotonic clock only (and with tokio's paused test clock), so a
+/// step of the system clock mid-body — an NTP step, a VM resumed from suspend — neither
+/// ends a running lease early nor keeps a record past its time. A test that hands the
+/// store instants of its own through the store trait (a claim an hour ago) builds it
+/// with [`with_lease_clock(LeaseClock::Caller)`](Self::with_lease_clock).
+///
 /// Cloning it is cheap: a clone is another handle on the same records.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct MemoryStore {
     shelves: Arc<Mutex<Shelf>>,
+    clock: LeaseClock,
+    steady: SteadyClock,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            shelves: Arc::default(),
+            clock: LeaseClock::Store,
+            steady: SteadyClock::start(),
+        }
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store, judging leases by its steady clock.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same store, judging leases and expiry by `clock`: its steady clock
+    /// ([`LeaseClock::Store`], the default) or the instants its callers pass
+    /// ([`LeaseClock::Caller`]: for tests that claim at chosen instants).
+    pub fn with_lease_clock(mut self, clock: LeaseClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The instant a call is judged at: `given` by the caller, or the steady clock's.
+    fn judged_at(&self, given: SystemTime) -> SystemTime {
+        match self.clock {
+            LeaseClock::Store => self.steady.now(),
+            LeaseClock::Caller => given,
+        }
     }
 
     /// How many records the store holds, expired ones not yet swept out included.
@@ -85,6 +122,10 @@ impl MemoryStore {
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let claim = &Claim {
+            now: self.judged_at(claim.now),
+            ..*claim
+        };
         let mut guard = self.lock();
         guard.sweep_if_due(claim.now);
         let shelves = &mut guard.shelves;
@@ -103,6 +144,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+        let now = self.judged_at(now);
         Ok(self.write_held(lease, |record| {
             let until = now + lease_for;
             record.lease_until = Some(until);
@@ -117,6 +159,7 @@ impl IdempotencyStore for MemoryStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
+        let now = self.judged_at(now);
         Ok(self.write_held(lease, |record| {
             record.status = Status::Succeeded;
             record.response_body = Some(response.to_owned());
@@ -133,6 +176,7 @@ impl IdempotencyStore for MemoryStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
+        let now = self.judged_at(now);
         Ok(self.write_held(lease, |record| {
             record.status = Status::Failed;
             record.error_message = Some(message.to_owned());
@@ -169,6 +213,7 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        let now = self.judged_at(now);
         let mut guard = self.lock();
         let shelves = &mut guard.shelves;
         let mut left = usize::try_from(limit).unwrap_or(usize::MAX);
@@ -241,6 +286,27 @@ mod tests {
             most = most.max(store.len());
         }
         assert!(most <= 4 * SWEEP_EVERY, "at most {most} records held over 50,000 calls");
+    }
+
+    /// A duplicate whose instant is a minute ahead — the system clock stepped forward
+    /// while the body runs — meets the running lease, judged by the store's steady
+    /// clock; judged by the caller's instants, it would take the lease over.
+    #[tokio::test]
+    async fn a_step_of_the_system_clock_does_not_end_a_running_lease() {
+        let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+        for (clock, taken_over) in [(LeaseClock::Store, false), (LeaseClock::Caller, true)] {
+            let store = MemoryStore::new().with_lease_clock(clock);
+            let now = crate::clock::now();
+            let first = Claim::new("step", "k", now, 10 * second, hour);
+            assert!(matches!(store.claim(&first).await.unwrap(), ClaimOutcome::Acquired(_)));
+            let stepped = Claim::new("step", "k", now + 60 * second, 10 * second, hour);
+            let outcome = store.claim(&stepped).await.unwrap();
+            assert_eq!(
+                matches!(outcome, ClaimOutcome::Acquired(_)),
+                taken_over,
+                "{clock:?}: {outcome:?}"
+            );
+        }
     }
 
     /// The row the purge guard is for: expired, yet `Processing` under a running lease.

@@ -50,10 +50,11 @@ pub enum Release {
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use idem_runtime::{repair, Claim, IdempotencyStore, MemoryStore};
+/// use idem_runtime::{repair, Claim, IdempotencyStore, LeaseClock, MemoryStore};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_runtime::StoreError> {
-/// let store = MemoryStore::new();
+/// // This example moves time by the instants it passes: the store judges by them.
+/// let store = MemoryStore::new().with_lease_clock(LeaseClock::Caller);
 /// let now = SystemTime::now();
 /// store.claim(&Claim::new("pay", "order-7", now, Duration::from_secs(30), Duration::from_secs(60))).await?;
 /// // The lease runs: the holder may be working.

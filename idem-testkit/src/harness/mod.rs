@@ -362,6 +362,18 @@ pub fn skewed(command: &mut Command, libfaketime: &str, skew_secs: i64) {
         .env("IDEM_SKEW_SECS", skew_secs.to_string());
 }
 
+/// Run `command` with its wall clock set by the file `clock` (an offset such as `+0` or
+/// `+60`, in seconds), through libfaketime, which reads it again every second: writing
+/// the file steps the running process's wall clock, as an NTP step or a resumed VM
+/// would. Its monotonic clock (tokio's timers) is left alone.
+pub fn stepped_by(command: &mut Command, libfaketime: &str, clock: &std::path::Path) {
+    command
+        .env("LD_PRELOAD", libfaketime)
+        .env("FAKETIME_TIMESTAMP_FILE", clock)
+        .env("FAKETIME_CACHE_DURATION", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+}
+
 /// This process's clock skew as its coordinator set it (0 when none).
 pub fn own_skew_secs() -> i64 {
     std::env::var("IDEM_SKEW_SECS")
