@@ -323,6 +323,26 @@ async fn a_key_can_come_from_a_header() {
     assert_eq!(*keys.lock().unwrap(), ["41", "41", "42"]);
 }
 
+/// The outbox `table`, made, holding a row no queue takes and then `rows` messages to
+/// `queue`.
+async fn filled_outbox<DB: idem::amqp::OutboxDatabase>(
+    pool: &idem::sqlx::Pool<DB>,
+    table: &str,
+    queue: &str,
+    rows: u64,
+) -> Outbox<DB> {
+    let outbox = Outbox::<DB>::named(table).unwrap();
+    outbox.migrate(pool).await.unwrap();
+    let mut connection = pool.acquire().await.unwrap();
+    let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"lost": true})).unwrap();
+    outbox.push(&mut connection, &nowhere).await.unwrap();
+    for n in 0..rows {
+        let message = OutboxMessage::json("", queue, &json!({"n": n})).unwrap();
+        outbox.push(&mut connection, &message).await.unwrap();
+    }
+    outbox
+}
+
 /// Relays at once on one outbox: every row published once (where rows are locked), in
 /// confirmed order of marking; an unroutable row stays unsent and does not hold back
 /// the rows behind it.
@@ -334,18 +354,8 @@ async fn relays_share_an_outbox<DB: idem::amqp::OutboxDatabase>(
 ) {
     let queue = format!("idem.test.relay.{name}");
     let channel = fresh_queue(url, &queue).await;
-    let outbox = Outbox::<DB>::named(&format!("outbox_{name}_{}", std::process::id())).unwrap();
-    outbox.migrate(&pool).await.unwrap();
     let rows = 600;
-    {
-        let mut connection = pool.acquire().await.unwrap();
-        let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"lost": true})).unwrap();
-        outbox.push(&mut connection, &nowhere).await.unwrap();
-        for n in 0..rows {
-            let message = OutboxMessage::json("", queue.as_str(), &json!({"n": n})).unwrap();
-            outbox.push(&mut connection, &message).await.unwrap();
-        }
-    }
+    let outbox = filled_outbox(&pool, &format!("outbox_{name}_{}", std::process::id()), &queue, rows).await;
     let delivered = Arc::new(Mutex::new(HashMap::<String, u32>::new()));
     let consumer = Consumer::new(url, queue.as_str()).prefetch(64);
     let seen = delivered.clone();
@@ -509,17 +519,13 @@ async fn a_relay_deletes_old_sent_rows<DB: idem::amqp::OutboxDatabase>(
 ) {
     let queue = format!("idem.test.purge.{name}");
     let _channel = fresh_queue(url, &queue).await;
-    let outbox = Outbox::<DB>::named(&format!("outbox_purge_{name}_{}", std::process::id())).unwrap();
-    outbox.migrate(&pool).await.unwrap();
-    {
-        let mut connection = pool.acquire().await.unwrap();
-        let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"lost": true})).unwrap();
-        outbox.push(&mut connection, &nowhere).await.unwrap();
-        for n in 0..10 {
-            let message = OutboxMessage::json("", queue.as_str(), &json!({"n": n})).unwrap();
-            outbox.push(&mut connection, &message).await.unwrap();
-        }
-    }
+    let outbox = filled_outbox(
+        &pool,
+        &format!("outbox_purge_{name}_{}", std::process::id()),
+        &queue,
+        10,
+    )
+    .await;
     let relay = Relay::new(pool.clone(), outbox.clone(), url)
         .batch(4)
         .idle(Duration::from_millis(20))

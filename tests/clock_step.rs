@@ -35,28 +35,41 @@ fn step_worker() {
         let op = Idempotent::new("step").store(store).lease(lease);
         let key = idem_testkit::conformance::unique("stepped");
         let runs = Arc::new(AtomicU32::new(0));
+        // The holder works until the duplicate has been answered (10 s at most).
+        let done = Arc::new(tokio::sync::Notify::new());
         let holder = tokio::spawn({
-            let (op, key, runs) = (op.clone(), key.clone(), runs.clone());
+            let (op, key, runs, done) = (op.clone(), key.clone(), runs.clone(), done.clone());
             async move {
                 op.execute(&key, async {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(after + Duration::from_secs(2)).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(10), done.notified()).await;
                     Ok::<u32, idem::Error>(1)
                 })
                 .await
             }
         });
         tokio::time::sleep(Duration::from_millis(300)).await; // the holder has its claim
-        let before = SystemTime::now();
+        let (wall, steady) = (SystemTime::now(), std::time::Instant::now());
         std::fs::write(&file, format!("+{STEP_SECS}")).unwrap();
+        // libfaketime reads the file again within a second or two: wait until the step
+        // shows (the wall clock ahead of the monotonic one), then `after` more.
+        let stepped_by = || {
+            let wall = SystemTime::now().duration_since(wall).unwrap_or_default();
+            wall.saturating_sub(steady.elapsed())
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while stepped_by() < Duration::from_secs(STEP_SECS - 5) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let moved = stepped_by();
         tokio::time::sleep(after).await;
-        let moved = SystemTime::now().duration_since(before).unwrap_or_default();
         let duplicate = op
             .execute(&key, async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok::<u32, idem::Error>(2)
             })
             .await;
+        done.notify_one();
         let first = holder.await.unwrap();
         let said = |answer: Result<u32, idem::Error>| match answer {
             Ok(value) => value.to_string(),
@@ -75,7 +88,7 @@ fn step_worker() {
 }
 
 /// What a worker on `store` said, its clock stepped `STEP_SECS` forward 300 ms into a
-/// body under `lease`, the duplicate calling `after` the step: (bodies run, the
+/// body under `lease`, the duplicate calling `after` the step showed: (bodies run, the
 /// duplicate's answer, the holder's).
 fn stepped(libfaketime: &str, store: &str, lease: Duration, after: Duration) -> (u32, String, String) {
     let file = std::env::temp_dir().join(format!("idem-step-{}-{}", std::process::id(), harness::epoch_millis()));
@@ -115,7 +128,7 @@ fn a_step_of_the_clock_mid_body_never_lets_a_duplicate_in_on_memory() {
         return;
     };
     let lease = Duration::from_secs(30);
-    let after = Duration::from_millis(1500);
+    let after = Duration::from_millis(200);
     let (runs, duplicate, holder) = stepped(libfaketime, "memory", lease, after);
     assert_eq!(
         (runs, duplicate.as_str(), holder.as_str()),
@@ -131,7 +144,7 @@ fn a_step_of_the_clock_mid_body_never_lets_a_duplicate_in_on_memory() {
         "judged by the stepped clock, the duplicate took the lease over"
     );
     harness::say(&format!(
-        "clock step on memory: +{STEP_SECS} s mid-body, duplicate 1.5 s later: in progress, 1 run \
+        "clock step on memory: +{STEP_SECS} s mid-body, duplicate 0.2 s after it showed: in progress, 1 run \
          (judged by the callers' clock: taken over, 2 runs)"
     ));
 }
@@ -144,17 +157,17 @@ fn a_step_of_the_clock_on_sqlite_is_a_window_until_the_holders_next_renewal() {
     let Some(url) = harness::backend_url("sqlite", "step") else {
         return;
     };
-    // A 30 s lease renews every 10 s: a duplicate 1.5 s after the step comes before the
+    // A 30 s lease renews every 10 s: a duplicate 0.2 s after the step comes before the
     // renewal that moves the lease with the clock, and takes it over.
-    let (runs, duplicate, holder) = stepped(libfaketime, &url, Duration::from_secs(30), Duration::from_millis(1500));
+    let (runs, duplicate, holder) = stepped(libfaketime, &url, Duration::from_secs(30), Duration::from_millis(200));
     assert_eq!(
         (runs, duplicate.as_str(), holder.as_str()),
         (2, "2", "lease-lost"),
         "inside the window: the bound docs/RELIABILITY.md states"
     );
-    // A 3 s lease renews every second: 2.5 s after the step the holder has renewed on
-    // the stepped clock, and the duplicate meets its lease.
-    let (runs, duplicate, holder) = stepped(libfaketime, &url, Duration::from_secs(3), Duration::from_millis(2500));
+    // A 3 s lease renews every second: 2 s after the step the holder has renewed on the
+    // stepped clock, and the duplicate meets its lease.
+    let (runs, duplicate, holder) = stepped(libfaketime, &url, Duration::from_secs(3), Duration::from_secs(2));
     assert_eq!(
         (runs, duplicate.as_str(), holder.as_str()),
         (1, "in-progress", "1"),
@@ -162,6 +175,6 @@ fn a_step_of_the_clock_on_sqlite_is_a_window_until_the_holders_next_renewal() {
     );
     harness::say(&format!(
         "clock step on sqlite: +{STEP_SECS} s mid-body; a duplicate before the holder's next renewal (lease 30 s) \
-         took it over; after it (lease 3 s, 2.5 s later) met the lease"
+         took it over; after it (lease 3 s, 2 s later) met the lease"
     ));
 }
