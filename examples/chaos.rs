@@ -45,8 +45,10 @@ use rand::Rng;
 
 type Store = Arc<dyn IdempotencyStore>;
 
-/// The lease of leased-mode calls: faults that cut a worker off last longer.
-const LEASE: Duration = Duration::from_secs(4);
+/// How long a pause or a partition cuts a worker off: past the 4 s lease of its calls
+/// and the clock tolerance (as long again, by default), so that its claims can be taken
+/// over.
+const CUT_OFF: Duration = Duration::from_secs(10);
 
 /// How long one set of keys is called before the next.
 const WINDOW_MS: u64 = 5_000;
@@ -533,14 +535,14 @@ fn main() {
             }
             "pause" => {
                 signal(&slot.child, "-STOP");
-                std::thread::sleep(LEASE + LEASE / 2);
+                std::thread::sleep(CUT_OFF);
                 signal(&slot.child, "-CONT");
                 injected.push(coordinator.fault(&slot.process, FaultKind::Pause, start_ms));
             }
             "partition" => {
                 let link = slot.link.as_ref().expect("a partitioned worker has a link");
                 link.cut();
-                std::thread::sleep(LEASE + LEASE / 2);
+                std::thread::sleep(CUT_OFF);
                 link.heal();
                 injected.push(coordinator.fault(&slot.process, FaultKind::Partition, start_ms));
             }

@@ -56,7 +56,8 @@ async fn a_lease_lapses_on_the_test_clock() {
         .store(store.clone())
         .lease(Duration::from_secs(30));
     let key = "k";
-    // A holder that never finishes (dropped mid-body), then a retry a lease later.
+    // A holder that never finishes (dropped mid-body), then a retry once its lease and
+    // the clock tolerance (as long again, by default) have passed.
     let hung = tokio::time::timeout(
         Duration::from_secs(1),
         op.execute(key, std::future::pending::<Result<u32, idem::Error>>()),
@@ -66,6 +67,12 @@ async fn a_lease_lapses_on_the_test_clock() {
     let early = op.execute(key, async { Ok::<u32, idem::Error>(2) }).await.unwrap_err();
     assert!(matches!(early, idem::Error::InProgress { .. }), "{early:?}");
     tokio::time::advance(Duration::from_secs(31)).await;
+    let inside = op.execute(key, async { Ok::<u32, idem::Error>(2) }).await.unwrap_err();
+    assert!(
+        matches!(inside, idem::Error::InProgress { .. }),
+        "within the tolerance: {inside:?}"
+    );
+    tokio::time::advance(Duration::from_secs(30)).await;
     assert_eq!(
         op.execute(key, async { Ok::<u32, idem::Error>(3) }).await.unwrap(),
         3,

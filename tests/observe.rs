@@ -258,8 +258,12 @@ async fn every_counter_after_a_known_mix_of_calls() {
     assert!(matches!(busy, Err(Error::InProgress { .. }))); // 1 in_progress
     assert_eq!(waiter.unwrap(), 1); // 1 replayed, 1 wait
 
-    // A holder dropped mid-body: its key is taken over after the lease.
-    let short = pay.clone().lease(Duration::from_millis(50));
+    // A holder dropped mid-body: its key is taken over after the lease (no clock
+    // tolerance on top).
+    let short = pay
+        .clone()
+        .lease(Duration::from_millis(50))
+        .clock_tolerance(Duration::ZERO);
     let abandoned = short.execute("g", async {
         tokio::time::sleep(Duration::from_secs(60)).await;
         Ok::<_, Error>(0u32)

@@ -13,8 +13,19 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 11] = [
-    "key", "biz", "ttl", "mode", "lease", "on_error", "wait", "payload", "store", "tx", "crate",
+const OPTIONS: [&str; 12] = [
+    "key",
+    "biz",
+    "ttl",
+    "mode",
+    "lease",
+    "clock_tolerance",
+    "on_error",
+    "wait",
+    "payload",
+    "store",
+    "tx",
+    "crate",
 ];
 const MAX_BIZ_CHARS: usize = 64;
 /// Where form tokens keep their records (`idem::TOKEN_NAMESPACE`).
@@ -52,6 +63,17 @@ impl FromMeta for Millis {
             ))
             .with_span(other)),
         }
+    }
+}
+
+/// `clock_tolerance = "0s"`: a duration that may be zero.
+fn tolerance(value: &Expr) -> darling::Result<Millis> {
+    let hint = "`clock_tolerance` must be a duration string, e.g. `clock_tolerance = \"30s\"` (or \"0s\" for none)";
+    match value {
+        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => parse_millis(&lit.value())
+            .map(|millis| Millis(millis, lit.span()))
+            .map_err(|problem| Error::custom(format!("bad `clock_tolerance`: {problem}")).with_span(lit)),
+        other => Err(Error::custom(hint).with_span(other)),
     }
 }
 
@@ -164,6 +186,8 @@ pub struct Args {
     pub biz: LitStr,
     pub ttl: Option<Millis>,
     pub lease: Option<Millis>,
+    /// May be zero.
+    pub clock_tolerance: Option<Millis>,
     pub wait: Option<Millis>,
     /// `ReturnFirst` or `Reject`, as written.
     pub mode: Option<Ident>,
@@ -213,6 +237,7 @@ impl Args {
                 "biz" => options.biz = errors.handle(Biz::from_expr(value).map(|biz| biz.0)),
                 "ttl" => options.ttl = errors.handle(Millis::from_expr(value).map_err(named)),
                 "lease" => options.lease = errors.handle(Millis::from_expr(value).map_err(named)),
+                "clock_tolerance" => options.clock_tolerance = errors.handle(tolerance(value)),
                 "wait" => options.wait = errors.handle(Millis::from_expr(value).map_err(named)),
                 "mode" => options.mode = errors.handle(Variant::<ModeOption>::from_expr(value).map(|v| v.0)),
                 "on_error" => options.on_error = errors.handle(Variant::<OnErrorOption>::from_expr(value).map(|v| v.0)),
@@ -256,6 +281,7 @@ impl Args {
             biz: biz.expect("checked"),
             ttl: options.ttl,
             lease: options.lease,
+            clock_tolerance: options.clock_tolerance,
             wait: options.wait,
             mode: options.mode,
             on_error: options.on_error,
@@ -274,6 +300,7 @@ struct Options {
     biz: Option<LitStr>,
     ttl: Option<Millis>,
     lease: Option<Millis>,
+    clock_tolerance: Option<Millis>,
     wait: Option<Millis>,
     mode: Option<Ident>,
     on_error: Option<Ident>,
@@ -287,16 +314,19 @@ struct Options {
 /// error on its own tokens.
 fn transactional_conflicts(tx: &Ident, seen: &[Ident], options: &Options) -> Vec<Error> {
     let mut errors = Vec::new();
-    let lease = seen
-        .iter()
-        .find(|name| *name == "lease")
-        .filter(|_| options.lease.is_some());
-    if let Some(name) = lease {
+    let leased = [
+        ("lease", options.lease.is_some()),
+        ("clock_tolerance", options.clock_tolerance.is_some()),
+    ];
+    for (option, given) in leased {
+        let Some(name) = seen.iter().find(|name| *name == option).filter(|_| given) else {
+            continue;
+        };
         errors.push(
             Error::custom(format!(
-                "`lease` has no meaning with `tx = {tx}`: in transactional mode the claim commits with the \
+                "`{option}` has no meaning with `tx = {tx}`: in transactional mode the claim commits with the \
                  transaction, so no running claim is ever visible to another call, and nothing is leased or taken \
-                 over. Remove `lease` (`wait` bounds how long a duplicate waits for the row lock)"
+                 over. Remove `{option}` (`wait` bounds how long a duplicate waits for the row lock)"
             ))
             .with_span(name),
         );

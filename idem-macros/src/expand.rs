@@ -49,6 +49,22 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
             (check, quote!(.#setter(#private::Duration::from_millis(#ms))))
         })
         .unzip();
+    // The tolerance may be zero; its upper bound is checked at the literal as the others'.
+    let tolerance = args.clock_tolerance.as_ref().map(|Millis(ms, span)| {
+        let problem = "`clock_tolerance` is out of range: at most 100 years (`idem::MAX_DURATION`), the longest \
+                       every store can hold";
+        let at_least_one = (*ms).max(1);
+        let check = respan(
+            quote!(const _: () = #private::check_duration_ms(#at_least_one, #problem);),
+            *span,
+        );
+        (check, quote!(.clock_tolerance(#private::Duration::from_millis(#ms))))
+    });
+    let (duration_checks, duration_setters): (Vec<TokenStream>, Vec<TokenStream>) = duration_checks
+        .into_iter()
+        .zip(duration_setters)
+        .chain(tolerance)
+        .unzip();
     let duration_checks = quote!(#(#duration_checks)*);
     let duration_setters = quote!(#(#duration_setters)*);
     let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));

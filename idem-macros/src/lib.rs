@@ -72,6 +72,10 @@ mod item;
 ///   value (`ReturnFirst`) or `idem::Error::Duplicate` (`Reject`).
 /// - `lease` (default `"30s"`): how long a running claim is respected; a heartbeat renews
 ///   it while the body runs, and after a crash it lapses so a retry takes over.
+/// - `clock_tolerance` (default: as long as `lease`): how far the store's clock may jump
+///   ahead mid-body (a failover to a server whose clock is ahead) without a duplicate
+///   taking the running claim over; a dead holder's claim is taken over `lease` plus this
+///   after its last renewal. `"0s"` for none. At most 100 years.
 /// - `on_error` (default `Release`): the body returned `Err`: delete the claim so a retry
 ///   runs again (`Release`), or record FAIL with the error's text so duplicates get
 ///   `idem::Error::PreviousFailed` until `ttl` (`Record`).

@@ -51,6 +51,8 @@ pub struct Idempotent {
     pub(crate) ttl: Duration,
     pub(crate) mode: Mode,
     pub(crate) lease: Duration,
+    /// `None`: as long as the lease.
+    pub(crate) clock_tolerance: Option<Duration>,
     pub(crate) on_error: OnError,
     pub(crate) wait: Option<Duration>,
     /// The payload, or why it could not be fingerprinted (reported at execute).
@@ -70,14 +72,16 @@ pub(crate) struct Payload {
 
 impl Idempotent {
     /// An operation in the business namespace `biz`, with the defaults: `ttl` 24 h,
-    /// `ReturnFirst`, `lease` 30 s, `on_error = Release`, no `wait`, no payload, the
-    /// installed store.
+    /// `ReturnFirst`, `lease` 30 s (and as much [clock
+    /// tolerance](Self::clock_tolerance)), `on_error = Release`, no `wait`, no payload,
+    /// the installed store.
     pub fn new(biz: impl Into<Cow<'static, str>>) -> Self {
         Self {
             biz: biz.into(),
             ttl: DEFAULT_TTL,
             mode: Mode::ReturnFirst,
             lease: DEFAULT_LEASE,
+            clock_tolerance: None,
             on_error: OnError::Release,
             wait: None,
             payload: None,
@@ -105,6 +109,43 @@ impl Idempotent {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = self.checked("lease", lease);
         self
+    }
+
+    /// How far the store's clock may jump ahead while a body runs without its lease
+    /// being taken over early; by default as long as the lease.
+    ///
+    /// The store judges a lease by its own clock (the database server's, Redis's). A
+    /// holder counts its lease on its own steady clock and renews it every third of its
+    /// length, but the store keeps the claim for the lease *plus this tolerance* past
+    /// each renewal, so a server whose clock steps forward mid-body — a failover to a
+    /// standby whose clock is ahead, a server restarted with a wrong clock, another
+    /// Galera node, a promoted Redis replica — does not hand a running claim to a
+    /// duplicate. A forward jump ends a running lease early only when it is larger
+    /// than the tolerance plus what was left of the lease when it happened: at least
+    /// two thirds of the lease, less the time the holder could not reach the store.
+    ///
+    /// The price: a claim whose holder died is taken over the lease plus the
+    /// tolerance after its last renewal, not the lease. `Duration::ZERO` takes over as
+    /// soon as the store's clock says the lease lapsed (any forward jump larger than
+    /// what is left of the lease then runs the body twice). At most
+    /// [`MAX_DURATION`](crate::MAX_DURATION).
+    pub fn clock_tolerance(mut self, tolerance: Duration) -> Self {
+        if tolerance > crate::MAX_DURATION {
+            self.invalid.get_or_insert((
+                "clock_tolerance",
+                format!("`clock_tolerance` of {tolerance:?} is longer than 100 years, the longest duration every store can hold"),
+            ));
+        } else {
+            self.clock_tolerance = Some(tolerance);
+        }
+        self
+    }
+
+    /// How long the store keeps a claim past its grant or a renewal: the lease plus
+    /// the clock tolerance.
+    pub(crate) fn stored_lease(&self) -> Duration {
+        let tolerance = self.clock_tolerance.unwrap_or(self.lease);
+        (self.lease + tolerance).min(crate::MAX_DURATION)
     }
 
     /// What happens to the claim when the body returns `Err`.

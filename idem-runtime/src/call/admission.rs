@@ -45,9 +45,15 @@ impl Call<'_> {
         let admitting = Instant::now();
         loop {
             let claimed_at = Instant::now();
-            let claim = Claim::new(&self.op.biz, &self.key, clock::now(), self.op.lease, self.op.ttl)
-                .with_fingerprint(fingerprint)
-                .with_request_body(self.op.request_body());
+            let claim = Claim::new(
+                &self.op.biz,
+                &self.key,
+                clock::now(),
+                self.op.stored_lease(),
+                self.op.ttl,
+            )
+            .with_fingerprint(fingerprint)
+            .with_request_body(self.op.request_body());
             let outcome = self
                 .store
                 .claim(&claim)

@@ -24,7 +24,7 @@ impl Call<'_> {
         if claimed_at.elapsed() <= self.op.lease / 3 {
             return Ok(true);
         }
-        match self.store.renew(lease, clock::now(), self.op.lease).await {
+        match self.store.renew(lease, clock::now(), self.op.stored_lease()).await {
             Ok(FenceCheck::Held) => Ok(true),
             Ok(FenceCheck::Lost) => Ok(false),
             Err(source) => Err(self.store_error("renew", source)),
@@ -38,13 +38,13 @@ impl Call<'_> {
     /// goes with it and the lease lapses on its own, so a retry can take over. A renewal
     /// that finds the key taken over tells the body through `signal`.
     pub(super) async fn hold<F: Future>(&self, lease: &Lease, signal: &LeaseSignal, body: F) -> F::Output {
-        let lease_for = self.op.lease;
+        let (lease_for, stored_lease) = (self.op.lease, self.op.stored_lease());
         let renewals = async {
             let beat = (lease_for / 3).max(Duration::from_millis(1));
             let mut next = beat;
             loop {
                 tokio::time::sleep(next).await;
-                match self.store.renew(lease, clock::now(), lease_for).await {
+                match self.store.renew(lease, clock::now(), stored_lease).await {
                     Ok(FenceCheck::Held) => next = beat,
                     Ok(FenceCheck::Lost) => {
                         tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, fence = lease.fence,

@@ -109,7 +109,10 @@ pub(crate) enum Settled {
 struct OutcomeWrite {
     lease: Lease,
     verdict: Verdict,
+    /// The lease as the holder counts it.
     lease_for: Duration,
+    /// The lease as the store is asked to keep it (with the clock tolerance).
+    stored_lease: Duration,
     ttl: Duration,
     renewed_at: Instant,
 }
@@ -133,7 +136,7 @@ impl OutcomeWrite {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(longest);
                     if self.renewed_at.elapsed() >= self.lease_for / 3 {
-                        match store.renew(&self.lease, clock::now(), self.lease_for).await {
+                        match store.renew(&self.lease, clock::now(), self.stored_lease).await {
                             Ok(FenceCheck::Held) => self.renewed_at = Instant::now(),
                             Ok(FenceCheck::Lost) => return Ok(self.after_refusal(store).await),
                             Err(_) => {}
@@ -291,6 +294,7 @@ impl Call<'_> {
                 lease,
                 verdict,
                 lease_for: self.op.lease,
+                stored_lease: self.op.stored_lease(),
                 ttl: self.op.ttl,
                 // Unknown when the heartbeat last renewed: renew at the first retry.
                 renewed_at: Instant::now().checked_sub(self.op.lease).unwrap_or_else(Instant::now),

@@ -131,7 +131,7 @@ impl Idempotent {
                     .to_owned(),
             });
         }
-        let claim = Claim::new(&self.biz, &key, clock::now(), self.lease, self.ttl)
+        let claim = Claim::new(&self.biz, &key, clock::now(), self.stored_lease(), self.ttl)
             .with_fingerprint(fingerprint)
             .with_request_body(self.request_body());
         let outcome = store

@@ -157,7 +157,7 @@ pub async fn short_lived(store: &Store, key: &str, runs: &Runs) -> Result<(u32, 
 }
 
 /// A body that can outlive its 300 ms lease (heartbeat on), reporting its fence.
-#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
 pub async fn leased(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<(u32, u64), AppError> {
     tokio::time::sleep(delay).await;
     Ok((runs.hit(), idem::context().expect("inside a call").fence()))
@@ -165,7 +165,7 @@ pub async fn leased(store: &Store, key: &str, runs: &Runs, delay: Duration) -> R
 
 /// A leased body that blocks its whole thread, heartbeat included, as a paused process
 /// would; then returns `outcome`.
-#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", on_error = Record)]
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", clock_tolerance = "0s", on_error = Record)]
 pub async fn frozen(
     store: &Store,
     key: &str,
@@ -177,15 +177,21 @@ pub async fn frozen(
 }
 
 /// The decorated call `frozen_release` the scenarios make (its options are in its attribute).
-#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
 pub async fn frozen_release(store: &Store, key: &str, freeze: Duration) -> Result<(u32, u64), AppError> {
     std::thread::sleep(freeze);
     Err(AppError::Declined("gave up".into()))
 }
 
 /// The decorated call `panicking` the scenarios make (its options are in its attribute).
-#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
 pub async fn panicking(store: &Store, key: &str) -> Result<(u32, u64), AppError> {
+    panic!("the body panicked")
+}
+
+/// `panicking` with the default clock tolerance (as long as the 300 ms lease).
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
+pub async fn panicking_with_tolerance(store: &Store, key: &str) -> Result<(u32, u64), AppError> {
     panic!("the body panicked")
 }
 
@@ -272,7 +278,7 @@ pub async fn notify(store: &Store, key: &str) -> Result<(String, String, u64, St
 }
 
 /// Reports the fence and the SMS effect key it ran under to `seen`, then sleeps.
-#[idempotent(key = key, biz = "conformance.effects", store = store, lease = "300ms", ttl = "1s")]
+#[idempotent(key = key, biz = "conformance.effects", store = store, lease = "300ms", clock_tolerance = "0s", ttl = "1s")]
 pub async fn send_sms(
     store: &Store,
     key: &str,

@@ -29,14 +29,14 @@ async fn charge_slowly(store: &Store, key: &str, runs: &Runs, delay: Duration) -
     Ok(Receipt { charge_no, cents: 250 })
 }
 
-#[idempotent(key = key, biz = "injected.lease", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "injected.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
 async fn held(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<u32, AppError> {
     let n = runs.hit();
     tokio::time::sleep(delay).await;
     Ok(n)
 }
 
-#[idempotent(key = key, biz = "injected.lease", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "injected.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
 async fn abandoning(store: &Store, key: &str) -> Result<(String, bool), AppError> {
     let context = idem::context().expect("inside a call");
     let ended = tokio::select! {
@@ -531,7 +531,7 @@ pub async fn an_outage_shorter_than_the_lease_runs_a_finished_body_once(store: &
     assert_eq!(record.status, Status::Succeeded);
 }
 
-#[idempotent(key = key, biz = "injected.outage", store = store, lease = "1s")]
+#[idempotent(key = key, biz = "injected.outage", store = store, lease = "1s", clock_tolerance = "0s")]
 async fn charge_then_get_cut_off(store: &Store, key: &str, runs: &Runs, faulty: &FaultyStore) -> Result<u32, AppError> {
     let n = runs.hit();
     if n == 1 {

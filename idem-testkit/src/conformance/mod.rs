@@ -122,6 +122,7 @@ macro_rules! __every_scenario {
                 expired_record_runs_again,
                 cancelled_holder_is_taken_over_after_its_lease,
                 panicking_body_leaves_the_claim_to_its_lease,
+                a_claim_is_kept_for_the_clock_tolerance_past_its_lease,
                 live_holder_keeps_its_claim_past_one_lease,
                 stale_holder_cannot_complete_over_the_new_holder,
                 stale_holder_cannot_fail_or_release_the_new_record,

@@ -320,6 +320,35 @@ pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
     assert_eq!(taken, (1, stored.fence + 1));
 }
 
+/// Scenario: A dead holder's claim is kept for its lease and the clock tolerance: a
+/// store clock that jumps ahead by less than the tolerance cannot end a running lease.
+pub async fn a_claim_is_kept_for_the_clock_tolerance_past_its_lease(store: &Store) {
+    let key = unique("tolerance");
+    let joined = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move { panicking_with_tolerance(&store, &key).await }).await
+    };
+    assert!(joined.unwrap_err().is_panic());
+    let stored = record(store, "conformance.lease", &key).await.unwrap();
+    // Instants counted from the claim (a panic's backtrace can take a while to print).
+    let after_claim = |millis: u64| {
+        let at = stored.created_at + Duration::from_millis(millis);
+        at.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+    };
+    // Past the 300 ms lease, inside its 300 ms tolerance: still the dead holder's.
+    tokio::time::sleep(after_claim(400)).await;
+    let runs = Runs::default();
+    let early = leased(store, &key, &runs, NO_DELAY).await;
+    assert!(
+        matches!(early, Err(AppError::Idem(Error::InProgress { .. }))),
+        "{early:?}"
+    );
+    // Past both: taken over.
+    tokio::time::sleep(after_claim(750)).await;
+    let taken = leased(store, &key, &runs, NO_DELAY).await.unwrap();
+    assert_eq!(taken, (1, stored.fence + 1));
+}
+
 /// Scenario: Live holder keeps its claim past one lease.
 pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
     let key = unique("live");

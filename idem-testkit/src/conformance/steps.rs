@@ -24,7 +24,7 @@ pub enum After {
 }
 
 /// Charges, then sends an SMS, each a step; counts each effect.
-#[idempotent(key = key, biz = "conformance.steps", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "conformance.steps", store = store, lease = "300ms", clock_tolerance = "0s")]
 pub async fn charge_then_sms(
     store: &Store,
     key: &str,
@@ -245,7 +245,7 @@ pub async fn a_step_record_that_fails_once_is_offered_again(store: &Store) {
 
 /// Charges, then — on its first attempt — waits until it learns that its lease was
 /// lost, then texts.
-#[idempotent(key = key, biz = "conformance.steps", store = store, lease = "300ms")]
+#[idempotent(key = key, biz = "conformance.steps", store = store, lease = "300ms", clock_tolerance = "0s")]
 async fn charge_then_sms_after_losing(
     store: &Store,
     key: &str,
