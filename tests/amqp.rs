@@ -585,3 +585,148 @@ async fn a_relay_deletes_old_sent_rows_on_every_database() {
         .await;
     }
 }
+
+/// Rows that keep failing at the head of an outbox — one for an exchange that does not
+/// exist, one no queue takes — are tried again later, then parked, while the rows behind
+/// them are published (with their headers); the missing exchange never breaks the
+/// relay's session. Given back after the exchange is declared, the first is published.
+async fn failing_rows_are_parked<DB: idem::amqp::OutboxDatabase>(url: &str, pool: idem::sqlx::Pool<DB>, name: &str) {
+    let queue = format!("idem.test.park.{name}");
+    let exchange = format!("idem.test.park.{name}.{}", std::process::id());
+    let channel = fresh_queue(url, &queue).await;
+    let outbox = Outbox::<DB>::named(&format!("outbox_park_{name}_{}", std::process::id())).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let mut connection = pool.acquire().await.unwrap();
+    let missing = OutboxMessage::json(exchange.as_str(), &queue, &json!({"to": "a missing exchange"})).unwrap();
+    let missing_id = outbox.push(&mut connection, &missing).await.unwrap();
+    let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"to": "no queue"})).unwrap();
+    let nowhere_id = outbox.push(&mut connection, &nowhere).await.unwrap();
+    let good = 20;
+    for n in 0..good {
+        let message = OutboxMessage::json("", queue.as_str(), &json!({"n": n}))
+            .unwrap()
+            .with_header("correlation-id", format!("order-{n}"));
+        outbox.push(&mut connection, &message).await.unwrap();
+    }
+    drop(connection);
+
+    let relay = Relay::new(pool.clone(), outbox.clone(), url)
+        .batch(5)
+        .idle(Duration::from_millis(20))
+        .max_attempts(3)
+        .retry_after(Duration::from_millis(100));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = relay.clone();
+    tokio::spawn(async move {
+        running
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let counts = loop {
+        let counts = outbox.counts(&pool).await.unwrap();
+        if counts.dead == 2 && counts.sent == good {
+            break counts;
+        }
+        assert!(Instant::now() < deadline, "{name}: {counts:?} {:?}", relay.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((counts.pending, counts.retrying), (0, 0), "{name}: {counts:?}");
+    let stats = relay.stats();
+    assert_eq!(
+        (stats.parked, stats.retried_later, stats.sessions_lost),
+        (2, 4, 0),
+        "{name}: each failing row tried 3 times, the session never broken: {stats:?}"
+    );
+    let dead = outbox.dead(&pool, 10).await.unwrap();
+    assert_eq!(
+        dead.iter().map(|row| (row.id, row.attempts)).collect::<Vec<_>>(),
+        vec![(missing_id, 3), (nowhere_id, 3)],
+        "{name}"
+    );
+    assert!(dead[0].error.contains("does not exist"), "{name}: {}", dead[0].error);
+    assert!(dead[1].error.contains("NO_ROUTE"), "{name}: {}", dead[1].error);
+    assert_eq!(
+        waiting(&channel, &queue).await,
+        good as u32,
+        "{name}: the rows behind went on"
+    );
+    let first = channel
+        .basic_get(queue.as_str().into(), Default::default())
+        .await
+        .unwrap()
+        .expect("a message");
+    let header = first
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("correlation-id").cloned());
+    assert_eq!(
+        header,
+        Some(AMQPValue::LongString("order-0".into())),
+        "{name}: the row's header is published"
+    );
+
+    // The cause fixed (the exchange declared and bound), the parked rows given back:
+    // the first goes out; the unroutable one is parked again.
+    channel
+        .exchange_declare(
+            exchange.as_str().into(),
+            idem::amqp::lapin::ExchangeKind::Direct,
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            queue.as_str().into(),
+            Default::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outbox.retry_dead(&pool, None).await.unwrap(), 2);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let counts = outbox.counts(&pool).await.unwrap();
+        if counts.sent == good + 1 && counts.dead == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{name}: {counts:?} {:?}", relay.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(outbox.dead(&pool, 10).await.unwrap()[0].id, nowhere_id);
+    assert_eq!(
+        waiting(&channel, &queue).await,
+        good as u32,
+        "{name}: 19 left, and the revived one"
+    );
+    drop(stop);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_rows_are_parked_and_the_rows_behind_go_on_on_every_database() {
+    let Some(url) = amqp_url() else { return };
+    let file = std::env::temp_dir().join(format!("idem-outbox-park-{}.db", std::process::id()));
+    let sqlite = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
+        .await
+        .unwrap();
+    failing_rows_are_parked(&url, sqlite, "sqlite").await;
+    let _ = std::fs::remove_file(file);
+    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") {
+        failing_rows_are_parked(&url, idem::sqlx::PgPool::connect(&database).await.unwrap(), "postgres").await;
+    }
+    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") {
+        failing_rows_are_parked(
+            &url,
+            idem::sqlx::MySqlPool::connect(&database).await.unwrap(),
+            "mariadb",
+        )
+        .await;
+    }
+}

@@ -97,9 +97,12 @@ pub use message::{KeyFn, KeySource, Message};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use dialect::OutboxDatabase;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use outbox::{InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
+pub use outbox::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use relay::{Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT};
+pub use relay::{
+    Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT, DEFAULT_RELAY_ATTEMPTS,
+    DEFAULT_RETRY_AFTER, LONGEST_RETRY,
+};
 
 /// The AMQP client, re-exported as is: channels, declarations and options.
 pub use lapin;

@@ -1,6 +1,7 @@
 //! The outbox table: messages written in the business transaction, published later by
 //! the [`Relay`](crate::Relay).
 
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -12,7 +13,17 @@ use crate::dialect::OutboxDatabase;
 /// The outbox table's default name.
 pub const DEFAULT_TABLE: &str = "idem_outbox";
 
-/// A message to publish: where to, and its bytes.
+/// A message to publish: where to, its bytes, and its headers.
+///
+/// ```
+/// use idem_amqp::OutboxMessage;
+///
+/// let message = OutboxMessage::json("", "orders", &serde_json::json!({ "order": 7 }))?
+///     .with_header("correlation-id", "req-81f3")
+///     .with_header("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+/// assert_eq!(message.headers["correlation-id"], "req-81f3");
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxMessage {
     /// The exchange (`""` is the default exchange, which routes by queue name).
@@ -23,21 +34,38 @@ pub struct OutboxMessage {
     pub payload: Vec<u8>,
     /// The `content-type` property (`application/json` for [`json`](Self::json)).
     pub content_type: Option<String>,
+    /// Headers published with the message as AMQP string headers (a correlation id,
+    /// trace context such as `traceparent`); kept as a JSON object in the row.
+    pub headers: BTreeMap<String, String>,
 }
 
 impl OutboxMessage {
+    /// `payload` as is, to `routing_key` on `exchange`, with no content type or header.
+    pub fn bytes(exchange: impl Into<String>, routing_key: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        OutboxMessage {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            payload: payload.into(),
+            content_type: None,
+            headers: BTreeMap::new(),
+        }
+    }
+
     /// `body` as JSON, to `routing_key` on `exchange`.
     pub fn json<T: Serialize + ?Sized>(
         exchange: impl Into<String>,
         routing_key: impl Into<String>,
         body: &T,
     ) -> Result<Self, serde_json::Error> {
-        Ok(OutboxMessage {
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
-            payload: serde_json::to_vec(body)?,
-            content_type: Some("application/json".to_owned()),
-        })
+        let mut message = Self::bytes(exchange, routing_key, serde_json::to_vec(body)?);
+        message.content_type = Some("application/json".to_owned());
+        Ok(message)
+    }
+
+    /// The message with header `name` set to `value` (replacing an earlier value).
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
     }
 }
 
@@ -46,7 +74,27 @@ impl OutboxMessage {
 #[doc(hidden)]
 pub struct OutboxRow {
     pub id: i64,
+    /// Failed attempts so far.
+    pub attempts: u32,
     pub message: OutboxMessage,
+}
+
+/// A row the relay parked after [`Relay::max_attempts`](crate::Relay::max_attempts)
+/// failed attempts: it is not published again until [`Outbox::retry_dead`] says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadRow {
+    /// The row id (the message id it is published with).
+    pub id: i64,
+    /// Its exchange.
+    pub exchange: String,
+    /// Its routing key.
+    pub routing_key: String,
+    /// How many times it failed.
+    pub attempts: u32,
+    /// Why it failed the last time (`no queue took the message: NO_ROUTE`, `exchange
+    /// "orders" does not exist`, …).
+    pub error: String,
 }
 
 /// The table name was not a plain SQL identifier.
@@ -151,11 +199,31 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         DB::purge_sent(&mut connection, &self.table, micros, limit).await
     }
 
-    /// How many rows wait to be published, and how many were published.
+    /// How many rows wait to be published, were published, are parked.
     pub async fn counts(&self, pool: &Pool<DB>) -> Result<OutboxCounts, sqlx::Error> {
         let mut connection = pool.acquire().await?;
-        let (pending, sent) = DB::counts(&mut connection, &self.table).await?;
-        Ok(OutboxCounts { pending, sent })
+        let [pending, sent, retrying, dead] = DB::counts(&mut connection, &self.table).await?;
+        Ok(OutboxCounts {
+            pending,
+            sent,
+            retrying,
+            dead,
+        })
+    }
+
+    /// The rows the relay parked, the oldest first, at most `limit`.
+    pub async fn dead(&self, pool: &Pool<DB>, limit: u64) -> Result<Vec<DeadRow>, sqlx::Error> {
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let mut connection = pool.acquire().await?;
+        DB::dead(&mut connection, &self.table, limit).await
+    }
+
+    /// Give parked rows back to the relay with a fresh count of attempts: the row `id`,
+    /// or every parked row when `None`. How many. Fix what made them fail first (declare
+    /// the exchange, bind a queue): they are published at the relay's next round.
+    pub async fn retry_dead(&self, pool: &Pool<DB>, id: Option<i64>) -> Result<u64, sqlx::Error> {
+        let mut connection = pool.acquire().await?;
+        DB::revive(&mut connection, &self.table, id).await
     }
 }
 
@@ -163,10 +231,16 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OutboxCounts {
-    /// Rows not yet confirmed by the broker.
+    /// Rows not yet confirmed by the broker, and not parked (those that failed before
+    /// and wait for their next attempt included).
     pub pending: i64,
     /// Rows the broker confirmed.
     pub sent: i64,
+    /// Of the pending rows, those that failed at least once and wait for their next
+    /// attempt.
+    pub retrying: i64,
+    /// Rows parked after too many failed attempts ([`Outbox::dead`]).
+    pub dead: i64,
 }
 
 #[cfg(test)]

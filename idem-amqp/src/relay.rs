@@ -6,14 +6,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::Confirmation;
-use lapin::{BasicProperties, Channel};
+use std::collections::HashSet;
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 use sqlx::Pool;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::connection::{self, Backoff, Setup};
-use crate::dialect::OutboxDatabase;
+use crate::dialect::{Failure, OutboxDatabase};
 use crate::outbox::{Outbox, OutboxRow};
 
 /// Why a relay's round failed.
@@ -28,17 +31,31 @@ pub enum RelayError {
     Broker(#[from] lapin::Error),
 }
 
-/// Publishes an [`Outbox`]'s rows to the broker, at least once each, in id order.
+/// Publishes an [`Outbox`]'s rows to the broker, at least once each.
 ///
-/// Each round claims up to [`batch`](Self::batch) unsent rows (on PostgreSQL and
-/// MySQL/MariaDB with `FOR UPDATE SKIP LOCKED`, in a transaction held through the
-/// round), publishes each as a persistent message (`delivery-mode` 2) with `mandatory`
-/// set and the row id as its `message-id`, waits for the broker's confirms, and marks
-/// sent — in the same transaction — exactly the rows the broker acked and routed. A row
-/// the broker refused, returned as unroutable, or never confirmed stays unsent and is
-/// published again in a later round (after the idle pause when the round marked
-/// nothing, so a row no queue takes is retried, not spun on; rows behind it go on as
-/// long as a batch holds more than the rows that keep failing).
+/// Each round claims up to [`batch`](Self::batch) unsent rows, the lowest ids first (on
+/// PostgreSQL and MySQL/MariaDB with `FOR UPDATE SKIP LOCKED`, in a transaction held
+/// through the round), publishes each as a persistent message (`delivery-mode` 2) with
+/// `mandatory` set, the row id as its `message-id` and the row's headers, waits for the
+/// broker's confirms, and marks sent — in the same transaction — exactly the rows the
+/// broker acked and routed.
+///
+/// A row that fails — returned as unroutable (no queue bound), refused (`nack`), or
+/// addressed to an exchange that does not exist (checked before publishing, on a
+/// channel of its own, so the relay's channel is not closed by it) — is not published
+/// again at once: its attempt is counted with the reason, and it waits
+/// [`retry_after`](Self::retry_after), doubling with each failure up to five minutes,
+/// while the rows behind it go on. After [`max_attempts`](Self::max_attempts) failures
+/// it is parked: left unsent, never published again, counted in
+/// [`OutboxCounts::dead`](crate::OutboxCounts::dead) and listed by [`Outbox::dead`],
+/// until [`Outbox::retry_dead`] (or `idem outbox retry-dead`) gives it back. So messages
+/// leave in id order except around a row that failed, which goes later; a consumer that
+/// needs an order must not rely on the outbox for it.
+///
+/// lapin logs each message the broker returns at `WARN`, payload included (target
+/// `lapin::returned_messages`); where payloads are confidential, filter that target
+/// (`lapin::returned_messages=error`). The relay's own log line names the row, never
+/// its payload.
 ///
 /// Killed at any point, a relay loses nothing: rows it published but had not marked are
 /// published again by the next relay (its locks went with its connection), so a message
@@ -52,6 +69,8 @@ pub struct Relay<DB: OutboxDatabase> {
     batch: u16,
     idle: Duration,
     keep_sent: Option<Duration>,
+    max_attempts: u32,
+    retry_after: Duration,
     declare: Option<Setup>,
     stats: Arc<Counters>,
 }
@@ -65,6 +84,8 @@ impl<DB: OutboxDatabase> Clone for Relay<DB> {
             batch: self.batch,
             idle: self.idle,
             keep_sent: self.keep_sent,
+            max_attempts: self.max_attempts,
+            retry_after: self.retry_after,
             declare: self.declare.clone(),
             stats: self.stats.clone(),
         }
@@ -79,6 +100,8 @@ impl<DB: OutboxDatabase> std::fmt::Debug for Relay<DB> {
             .field("batch", &self.batch)
             .field("idle", &self.idle)
             .field("keep_sent", &self.keep_sent)
+            .field("max_attempts", &self.max_attempts)
+            .field("retry_after", &self.retry_after)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +115,16 @@ pub const DEFAULT_IDLE: Duration = Duration::from_millis(100);
 /// How long a relay keeps rows the broker confirmed before it deletes them, by default:
 /// 7 days.
 pub const DEFAULT_KEEP_SENT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How many failed attempts park a row, by default.
+pub const DEFAULT_RELAY_ATTEMPTS: u32 = 10;
+
+/// The pause after a row's first failed attempt, by default (doubling with each
+/// failure, up to [`LONGEST_RETRY`]).
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The longest pause between two attempts of a failing row.
+pub const LONGEST_RETRY: Duration = Duration::from_secs(300);
 
 /// How often an idle relay looks for sent rows to delete, once none were left (or
 /// after half of [`Relay::keep_sent`], when that is sooner).
@@ -107,6 +140,8 @@ impl<DB: OutboxDatabase> Relay<DB> {
             batch: DEFAULT_BATCH,
             idle: DEFAULT_IDLE,
             keep_sent: Some(DEFAULT_KEEP_SENT),
+            max_attempts: DEFAULT_RELAY_ATTEMPTS,
+            retry_after: DEFAULT_RETRY_AFTER,
             declare: None,
             stats: Arc::default(),
         }
@@ -131,6 +166,19 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// [`DEFAULT_KEEP_SENT`].
     pub fn keep_sent(mut self, keep: Option<Duration>) -> Self {
         self.keep_sent = keep;
+        self
+    }
+
+    /// How many failed attempts park a row (default [`DEFAULT_RELAY_ATTEMPTS`]; at least 1).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The pause before a failed row is tried again, doubling with each failure up to
+    /// [`LONGEST_RETRY`] (default [`DEFAULT_RETRY_AFTER`]).
+    pub fn retry_after(mut self, pause: Duration) -> Self {
+        self.retry_after = pause.min(LONGEST_RETRY);
         self
     }
 
@@ -169,13 +217,14 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// Rounds on one broker connection, until the broker fails.
     async fn session(&self) -> Result<(), lapin::Error> {
         let name = format!("idem relay of {}", self.outbox.table());
-        let (_connection, channel) = connection::open(&self.url, &name, self.declare.as_ref()).await?;
+        let (connection, channel) = connection::open(&self.url, &name, self.declare.as_ref()).await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         info!(outbox = %self.outbox.table(), "relaying");
         let mut database_backoff = Backoff::new();
         let mut next_purge = tokio::time::Instant::now();
+        let mut exchanges = Exchanges::new(&connection);
         loop {
-            match self.round(&channel).await {
+            match self.round_with(&channel, &mut exchanges).await {
                 // Nothing found, or nothing the broker took (an unroutable row at the
                 // head): wait before the next round rather than spin.
                 Ok(0) => {
@@ -216,37 +265,104 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 
     /// One round on `channel` (in confirm mode): claim a batch, publish it, mark what
-    /// the broker confirmed. How many rows it marked sent.
+    /// the broker confirmed, count the failures. How many rows it marked sent.
+    ///
+    /// Exchanges are not checked first here (the relay's own rounds check each once per
+    /// session): a row for an exchange that does not exist closes `channel`.
     pub async fn round(&self, channel: &Channel) -> Result<usize, RelayError> {
+        self.round_with(channel, &mut Exchanges::unchecked()).await
+    }
+
+    async fn round_with(&self, channel: &Channel, exchanges: &mut Exchanges<'_>) -> Result<usize, RelayError> {
         let table = self.outbox.table();
         let limit = i64::from(self.batch);
         let confirmed = if DB::LOCKS_ROWS {
             let mut transaction = self.pool.begin().await?;
             let rows = DB::claim(&mut transaction, table, limit).await?;
-            let confirmed = self.publish(channel, &rows).await?;
-            DB::mark_sent(&mut transaction, table, &confirmed).await?;
+            let published = self.publish(channel, exchanges, &rows).await?;
+            DB::mark_sent(&mut transaction, table, &published.confirmed).await?;
+            self.record_failures(&mut transaction, &rows, &published.failed).await?;
             transaction.commit().await?;
-            confirmed
+            published.confirmed
         } else {
             let rows = DB::claim(&mut *self.pool.acquire().await?, table, limit).await?;
-            let confirmed = self.publish(channel, &rows).await?;
-            DB::mark_sent(&mut *self.pool.acquire().await?, table, &confirmed).await?;
-            confirmed
+            let published = self.publish(channel, exchanges, &rows).await?;
+            let mut connection = self.pool.acquire().await?;
+            DB::mark_sent(&mut connection, table, &published.confirmed).await?;
+            self.record_failures(&mut connection, &rows, &published.failed).await?;
+            published.confirmed
         };
         self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
         Ok(confirmed.len())
     }
 
-    /// Publish `rows` and wait for every confirm; the ids the broker acked and routed.
-    async fn publish(&self, channel: &Channel, rows: &[OutboxRow]) -> Result<Vec<i64>, lapin::Error> {
+    /// Count each failed row's attempt; set its next one, or park it.
+    async fn record_failures(
+        &self,
+        connection: &mut DB::Connection,
+        rows: &[OutboxRow],
+        failed: &[(i64, String)],
+    ) -> Result<(), sqlx::Error> {
+        for (id, error) in failed {
+            let attempts = rows.iter().find(|row| row.id == *id).map_or(0, |row| row.attempts) + 1;
+            let table = self.outbox.table();
+            let retry_in = (attempts < self.max_attempts).then(|| self.pause_after(attempts));
+            let failure = Failure {
+                id: *id,
+                attempts,
+                error,
+                retry_in_micros: retry_in.map(|pause| i64::try_from(pause.as_micros()).unwrap_or(i64::MAX)),
+            };
+            DB::fail(connection, table, &failure).await?;
+            match retry_in {
+                Some(pause) => {
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    warn!(outbox = %table, id, attempts, retry_in = ?pause, %error, "could not publish the row; trying it again later");
+                }
+                None => {
+                    self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                    error!(outbox = %table, id, attempts, %error,
+                        "could not publish the row; parked (fix the cause, then `idem outbox retry-dead`)");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pause after a row's `attempts`-th failure.
+    fn pause_after(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(20);
+        self.retry_after.saturating_mul(1 << doublings).min(LONGEST_RETRY)
+    }
+
+    /// Publish `rows` and wait for every confirm: the ids the broker acked and routed,
+    /// and the ids that failed, with why.
+    async fn publish(
+        &self,
+        channel: &Channel,
+        exchanges: &mut Exchanges<'_>,
+        rows: &[OutboxRow],
+    ) -> Result<Published, lapin::Error> {
+        let mut published = Published::default();
         let mut pending = Vec::with_capacity(rows.len());
         for row in rows {
             let message = &row.message;
+            if let Some(missing) = exchanges.missing(&message.exchange).await? {
+                published.failed.push((row.id, missing));
+                continue;
+            }
             let mut properties = BasicProperties::default()
                 .with_message_id(row.id.to_string().into())
                 .with_delivery_mode(2);
             if let Some(content_type) = &message.content_type {
                 properties = properties.with_content_type(content_type.as_str().into());
+            }
+            if !message.headers.is_empty() {
+                let mut headers = FieldTable::default();
+                for (name, value) in &message.headers {
+                    headers.insert(name.as_str().into(), AMQPValue::LongString(value.as_str().into()));
+                }
+                properties = properties.with_headers(headers);
             }
             let mandatory = BasicPublishOptions {
                 mandatory: true,
@@ -264,22 +380,93 @@ impl<DB: OutboxDatabase> Relay<DB> {
             self.stats.published.fetch_add(1, Ordering::Relaxed);
             pending.push((row.id, confirm));
         }
-        let mut confirmed = Vec::with_capacity(rows.len());
         for (id, confirm) in pending {
             match confirm.await? {
-                Confirmation::Ack(None) => confirmed.push(id),
+                Confirmation::Ack(None) => published.confirmed.push(id),
                 Confirmation::Ack(Some(returned)) => {
                     self.stats.returned.fetch_add(1, Ordering::Relaxed);
-                    warn!(outbox = %self.outbox.table(), id, reply = %returned.reply_text, "no queue took the message; kept unsent");
+                    let why = format!("no queue took the message: {}", returned.reply_text);
+                    published.failed.push((id, why));
                 }
                 Confirmation::Nack(_) | Confirmation::NotRequested => {
                     self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    warn!(outbox = %self.outbox.table(), id, "the broker did not confirm the message; kept unsent");
+                    published
+                        .failed
+                        .push((id, "the broker refused the message (nack)".to_owned()));
                 }
             }
         }
-        Ok(confirmed)
+        Ok(published)
     }
+}
+
+/// What one batch's publishing came to.
+#[derive(Debug, Default)]
+struct Published {
+    confirmed: Vec<i64>,
+    failed: Vec<(i64, String)>,
+}
+
+/// The exchanges a session has found to exist. Each other one is looked up once, with
+/// a passive declare on a channel of its own: publishing to a missing exchange would
+/// close the relay's channel and end the session, again and again.
+struct Exchanges<'c> {
+    connection: Option<&'c Connection>,
+    known: HashSet<String>,
+}
+
+impl<'c> Exchanges<'c> {
+    fn new(connection: &'c Connection) -> Self {
+        Exchanges {
+            connection: Some(connection),
+            known: HashSet::new(),
+        }
+    }
+
+    /// No lookups: every exchange taken to exist.
+    fn unchecked() -> Self {
+        Exchanges {
+            connection: None,
+            known: HashSet::new(),
+        }
+    }
+
+    /// Why `exchange` cannot be published to (it does not exist), or `None`. The
+    /// default exchange (`""`) always exists.
+    async fn missing(&mut self, exchange: &str) -> Result<Option<String>, lapin::Error> {
+        let Some(connection) = self.connection else {
+            return Ok(None);
+        };
+        if exchange.is_empty() || self.known.contains(exchange) {
+            return Ok(None);
+        }
+        let probe = connection.create_channel().await?;
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let declared = probe
+            .exchange_declare(exchange.into(), ExchangeKind::Direct, passive, FieldTable::default())
+            .await;
+        match declared {
+            Ok(()) => {
+                let _ = probe.close(200, "exchange found".into()).await;
+                self.known.insert(exchange.to_owned());
+                Ok(None)
+            }
+            // The broker closes the probe's channel with 404 NOT_FOUND.
+            Err(error) if not_found(&error) => Ok(Some(format!("exchange {exchange:?} does not exist"))),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Whether the broker answered 404 NOT_FOUND.
+fn not_found(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
 }
 
 /// The relay's counters.
@@ -289,6 +476,8 @@ struct Counters {
     marked: AtomicU64,
     returned: AtomicU64,
     refused: AtomicU64,
+    failed: AtomicU64,
+    parked: AtomicU64,
     purged: AtomicU64,
     sessions_lost: AtomicU64,
 }
@@ -301,6 +490,8 @@ impl Counters {
             marked_sent: read(&self.marked),
             returned: read(&self.returned),
             refused: read(&self.refused),
+            retried_later: read(&self.failed),
+            parked: read(&self.parked),
             purged: read(&self.purged),
             sessions_lost: read(&self.sessions_lost),
         }
@@ -319,8 +510,30 @@ pub struct RelayStats {
     pub returned: u64,
     /// Messages the broker refused to confirm (kept unsent).
     pub refused: u64,
+    /// Failed attempts after which the row waits to be tried again (returned, refused,
+    /// or to an exchange that does not exist).
+    pub retried_later: u64,
+    /// Rows parked after [`Relay::max_attempts`] failures.
+    pub parked: u64,
     /// Sent rows deleted after [`Relay::keep_sent`].
     pub purged: u64,
     /// Broker sessions that ended and were started again.
     pub sessions_lost: u64,
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failing_row_waits_longer_after_each_failure() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let relay = Relay::new(pool, Outbox::new(), "amqp://127.0.0.1").retry_after(Duration::from_millis(500));
+        let pauses: Vec<u64> = [1, 2, 3, 4, 10, 40]
+            .map(|n| relay.pause_after(n).as_millis() as u64)
+            .to_vec();
+        assert_eq!(pauses, [500, 1000, 2000, 4000, 256_000, 300_000]);
+        let default = Relay::new(relay.pool.clone(), Outbox::new(), "amqp://127.0.0.1");
+        assert_eq!(default.pause_after(1), DEFAULT_RETRY_AFTER);
+    }
 }

@@ -95,6 +95,62 @@ pub enum Command {
     },
     /// Check the table's shape against what the store needs.
     Check,
+    /// The transactional outbox of `idem-amqp` in the same database (SQL stores).
+    Outbox {
+        /// The outbox table.
+        #[arg(long, default_value = "idem_outbox")]
+        outbox_table: String,
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+}
+
+/// What to do with the outbox.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Rows by state: pending (retrying among them), sent, dead.
+    Counts,
+    /// Rows the relay parked after too many failed attempts, with why (the oldest
+    /// first).
+    Dead {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u64,
+    },
+    /// Give parked rows back to the relay, with a fresh count of attempts: one row
+    /// (`--id`) or all (`--all`). Fix what made them fail first.
+    RetryDead {
+        /// The row.
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Every parked row.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
+    /// Delete rows the broker confirmed longer ago than `--older-than`, in batches
+    /// (unsent rows are never touched).
+    PurgeSent {
+        /// `0s`, `90s`, `5m`, `2h`, `7d`.
+        #[arg(long, value_parser = duration, default_value = "7d")]
+        older_than: Duration,
+        /// Rows per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch: u64,
+    },
+}
+
+impl OutboxCommand {
+    /// The command's name, as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OutboxCommand::Counts => "outbox counts",
+            OutboxCommand::Dead { .. } => "outbox dead",
+            OutboxCommand::RetryDead { .. } => "outbox retry-dead",
+            OutboxCommand::PurgeSent { .. } => "outbox purge-sent",
+        }
+    }
 }
 
 impl Command {
@@ -110,6 +166,7 @@ impl Command {
             Command::RetryFailed { .. } => "retry-failed",
             Command::Migrate { .. } => "migrate",
             Command::Check => "check",
+            Command::Outbox { command, .. } => command.name(),
         }
     }
 

@@ -28,6 +28,7 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
         Command::Migrate { print: false } => migrate(store).await,
         Command::Migrate { print: true } => print_migration(store).await,
         Command::Check => check(store).await,
+        Command::Outbox { outbox_table, command } => crate::outbox::run(store, outbox_table, command, json).await,
     };
     ended.unwrap_or_else(|error| Ended::Failed(store.describe(&error)))
 }
@@ -195,7 +196,7 @@ async fn check(store: &Store) -> Outcome {
 }
 
 /// Ask on the terminal, unless `--yes`.
-fn confirmed(confirm: &Confirm, what: &str) -> bool {
+pub(crate) fn confirmed(confirm: &Confirm, what: &str) -> bool {
     if confirm.yes {
         return true;
     }

@@ -5,6 +5,8 @@
 //! DATABASE_URL=sqlite://idem.db idem stuck --older-than 5m --json
 //! idem purge --expired --batch 5000
 //! idem release pay order-7          # a stuck claim only; asks first; --yes to skip
+//! idem outbox counts                # the idem-amqp outbox in the same database
+//! idem outbox retry-dead --all --yes
 //! ```
 //!
 //! Exit codes: 0 done; 1 the answer is "no" (a record not found, a table that fails
@@ -15,10 +17,12 @@
 //!
 //! Why the dependencies: `clap` (the command line, with `DATABASE_URL` read as sqlx's
 //! CLI does), `comfy-table` (aligned tables), `indicatif` (the purge's progress),
-//! `serde_json` (`--json`), `chrono` (instants as RFC 3339).
+//! `serde_json` (`--json`), `chrono` (instants as RFC 3339), `idem-amqp` (the outbox's
+//! statements, one source with the relay's).
 
 mod args;
 mod commands;
+mod outbox;
 mod records;
 mod store;
 

@@ -522,3 +522,70 @@ fn on_redis() {
     }
     runtime.block_on(a_running_body_is_neither_stuck_nor_released(&url, "t", store, false));
 }
+
+/// `idem outbox …` on a SQLite outbox with a row parked, a row sent a day ago and a
+/// row pending: the counts, the parked row and why, giving it back, deleting the sent.
+#[test]
+fn outbox_commands_on_sqlite() {
+    use idem_amqp::{Outbox, OutboxMessage};
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-outbox")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let outbox = Outbox::<sqlx::Sqlite>::new();
+        outbox.migrate(&pool).await.unwrap();
+        let mut connection = pool.acquire().await.unwrap();
+        for n in 0..3 {
+            let message = OutboxMessage::json("orders", "placed", &serde_json::json!({ "n": n })).unwrap();
+            outbox.push(&mut connection, &message).await.unwrap();
+        }
+        sqlx::query(
+            "UPDATE idem_outbox SET attempts = 10, dead_at = '2026-01-01T00:00:00.000Z', \
+             last_error = 'exchange \"orders\" does not exist' WHERE id = 1",
+        )
+        .execute(&mut *connection)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE idem_outbox SET sent_at = '2020-01-01T00:00:00.000Z' WHERE id = 2")
+            .execute(&mut *connection)
+            .await
+            .unwrap();
+    });
+    let table = "idempotent_record";
+    // The record table need not exist for the outbox commands.
+    let counts = json(&idem(&url, table, &["--json", "outbox", "counts"]));
+    assert_eq!(
+        counts,
+        serde_json::json!({"pending": 1, "retrying": 0, "sent": 1, "dead": 1})
+    );
+    let dead = json(&idem(&url, table, &["--json", "outbox", "dead"]));
+    assert_eq!(dead[0]["id"], 1);
+    assert_eq!(dead[0]["attempts"], 10);
+    assert_eq!(dead[0]["error"], "exchange \"orders\" does not exist");
+    let listed = idem(&url, table, &["outbox", "dead"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("does not exist"));
+
+    let refused = idem(&url, table, &["outbox", "retry-dead", "--id", "3", "--yes"]);
+    assert_eq!(refused.status.code(), Some(1), "row 3 is not parked");
+    let revived = json(&idem(
+        &url,
+        table,
+        &["--json", "outbox", "retry-dead", "--all", "--yes"],
+    ));
+    assert_eq!(revived, serde_json::json!({"revived": 1}));
+    let purged = json(&idem(
+        &url,
+        table,
+        &["--json", "outbox", "purge-sent", "--older-than", "1d", "--batch", "1"],
+    ));
+    assert_eq!(purged, serde_json::json!({"purged": 1}));
+    let counts = json(&idem(&url, table, &["--json", "outbox", "counts"]));
+    assert_eq!(
+        counts,
+        serde_json::json!({"pending": 2, "retrying": 0, "sent": 0, "dead": 0})
+    );
+    let usage = idem(&url, table, &["outbox", "retry-dead", "--yes"]);
+    assert_eq!(usage.status.code(), Some(2), "neither --id nor --all");
+    let _ = std::fs::remove_file(path);
+}
