@@ -332,6 +332,7 @@ pub use idem_macros::idempotent;
 pub use idem_runtime::digest;
 pub use idem_runtime::observe;
 pub use idem_runtime::repair;
+pub use idem_runtime::scoped_key;
 pub use idem_runtime::token;
 pub use idem_runtime::unordered;
 pub use idem_runtime::{

@@ -479,6 +479,7 @@ async fn a_panicking_handler_fails_its_delivery_and_the_queue_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poison_message_meets_the_policy_and_never_starves_the_queue() {
     let Some(url) = amqp_url() else { return };
+    metrics();
     let queue = "idem.test.poison";
     let channel = fresh_queue(&url, queue).await;
     publish(&channel, queue, Some("poison"), br#"{"points": 1}"#).await;
@@ -508,6 +509,23 @@ async fn a_poison_message_meets_the_policy_and_never_starves_the_queue() {
     );
     assert_eq!(good_runs.load(Ordering::SeqCst), 1, "the good message ran");
     assert_eq!(waiting(&channel, &format!("{queue}.dead")).await, 1);
+    let counts = metric_counts();
+    let deliveries = |outcome: &str| {
+        metric_count(
+            &counts,
+            "idem_amqp_deliveries_total",
+            &[("queue", queue), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (deliveries("acked"), deliveries("requeued"), deliveries("failed")),
+        (1, 3, 1),
+        "the consumer's metrics: {stats:?}"
+    );
+    assert_eq!(
+        metric_count(&counts, "idem_amqp_redeliveries_total", &[("queue", queue)]),
+        3
+    );
 }
 
 /// A relay that keeps sent rows 300 ms deletes them in batches once they are older, and
@@ -586,6 +604,59 @@ async fn a_relay_deletes_old_sent_rows_on_every_database() {
     }
 }
 
+/// The metrics this process records (a global recorder, installed once).
+fn metrics() -> &'static metrics_util::debugging::Snapshotter {
+    static SNAPSHOTTER: std::sync::OnceLock<metrics_util::debugging::Snapshotter> = std::sync::OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
+/// A counter's name, labels and value.
+type Counted = (String, Vec<(String, String)>, u64);
+
+/// Every counter this process recorded so far: each name, labels and value. A
+/// snapshot takes what was counted since the last one, so the totals are kept here,
+/// for the tests that look at once.
+fn metric_counts() -> Vec<Counted> {
+    type Totals = HashMap<(String, Vec<(String, String)>), u64>;
+    static TOTALS: Mutex<Option<Totals>> = Mutex::new(None);
+    let mut totals = TOTALS.lock().unwrap();
+    let totals = totals.get_or_insert_with(HashMap::new);
+    for (key, _, _, value) in metrics().snapshot().into_vec() {
+        if let metrics_util::debugging::DebugValue::Counter(n) = value {
+            let mut labels: Vec<_> = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            *totals.entry((key.key().name().to_owned(), labels)).or_default() += n;
+        }
+    }
+    totals
+        .iter()
+        .map(|((name, labels), n)| (name.clone(), labels.clone(), *n))
+        .collect()
+}
+
+/// Of `counts`, counter `name` whose labels include every one of `labels`.
+fn metric_count(counts: &[Counted], name: &str, labels: &[(&str, &str)]) -> u64 {
+    counts
+        .iter()
+        .filter(|(counter, has, _)| {
+            counter == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| has.iter().any(|(hk, hv)| hk == k && hv == v))
+        })
+        .map(|(.., n)| n)
+        .sum()
+}
+
 /// Rows that keep failing at the head of an outbox — one for an exchange that does not
 /// exist, one no queue takes — are tried again later, then parked, while the rows behind
 /// them are published (with their headers); the missing exchange never breaks the
@@ -594,7 +665,9 @@ async fn failing_rows_are_parked<DB: idem::amqp::OutboxDatabase>(url: &str, pool
     let queue = format!("idem.test.park.{name}");
     let exchange = format!("idem.test.park.{name}.{}", std::process::id());
     let channel = fresh_queue(url, &queue).await;
-    let outbox = Outbox::<DB>::named(&format!("outbox_park_{name}_{}", std::process::id())).unwrap();
+    metrics();
+    let table = format!("outbox_park_{name}_{}", std::process::id());
+    let outbox = Outbox::<DB>::named(&table).unwrap();
     outbox.migrate(&pool).await.unwrap();
     let mut connection = pool.acquire().await.unwrap();
     let missing = OutboxMessage::json(exchange.as_str(), &queue, &json!({"to": "a missing exchange"})).unwrap();
@@ -639,6 +712,20 @@ async fn failing_rows_are_parked<DB: idem::amqp::OutboxDatabase>(url: &str, pool
         (stats.parked, stats.retried_later, stats.sessions_lost),
         (2, 4, 0),
         "{name}: each failing row tried 3 times, the session never broken: {stats:?}"
+    );
+    // The same figures in the metrics.
+    let counts = metric_counts();
+    let rows = |outcome: &str| {
+        metric_count(
+            &counts,
+            "idem_amqp_relay_rows_total",
+            &[("outbox", table.as_str()), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (rows("parked"), rows("retried_later"), rows("sent"), rows("returned")),
+        (2, 4, good as u64, 3),
+        "{name}: the relay's metrics"
     );
     let dead = outbox.dead(&pool, 10).await.unwrap();
     assert_eq!(

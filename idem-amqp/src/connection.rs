@@ -39,14 +39,24 @@ pub(crate) async fn open(
     Ok((connection, channel))
 }
 
-/// Sessions one after another, for ever: each that ends is counted in `lost` and
-/// logged (`who` names the consumer or relay), and the next starts after a pause —
-/// the shortest again when the session made progress (`progress` grew).
-pub(crate) async fn sessions<F, Fut>(who: &str, url: &str, progress: &AtomicU64, lost: &AtomicU64, mut session: F)
+/// Who runs sessions: the consumer of a queue, or the relay of an outbox.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Role<'a> {
+    /// `consumer` or `relay`.
+    pub(crate) kind: &'static str,
+    /// The queue, or the outbox table.
+    pub(crate) name: &'a str,
+}
+
+/// Sessions one after another, for ever: each that ends is counted in `lost` (and in
+/// the metrics) and logged, and the next starts after a pause — the shortest again
+/// when the session made progress (`progress` grew).
+pub(crate) async fn sessions<F, Fut>(role: Role<'_>, url: &str, progress: &AtomicU64, lost: &AtomicU64, mut session: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), lapin::Error>>,
 {
+    let who = format!("{} of {}", role.kind, role.name);
     let mut backoff = Backoff::new();
     loop {
         let before = progress.load(Ordering::Relaxed);
@@ -57,6 +67,7 @@ where
             }
         }
         lost.fetch_add(1, Ordering::Relaxed);
+        crate::observe::session_lost(role.kind, role.name);
         if progress.load(Ordering::Relaxed) > before {
             backoff.reset();
         }

@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 use crate::connection::{self, Setup};
 use crate::disposition::{Disposition, HandlerError, OnFailure};
 use crate::message::{KeySource, Message};
+use crate::observe;
 
 /// Consumes one queue through an idempotent handler, with acks that follow the record.
 ///
@@ -170,9 +171,12 @@ impl Consumer {
         H: Fn(Message<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let who = format!("consumer of {}", self.queue);
+        let role = connection::Role {
+            kind: "consumer",
+            name: &self.queue,
+        };
         let stats = &self.stats;
-        connection::sessions(&who, &self.url, &stats.deliveries, &stats.sessions_lost, || {
+        connection::sessions(role, &self.url, &stats.deliveries, &stats.sessions_lost, || {
             self.session(&handler)
         })
         .await;
@@ -245,6 +249,7 @@ impl Consumer {
         self.stats.deliveries.fetch_add(1, Ordering::Relaxed);
         if delivery.redelivered {
             self.stats.redelivered.fetch_add(1, Ordering::Relaxed);
+            observe::redelivery(&self.queue);
         }
         let Some(message) = self.decode(&delivery) else {
             return self.settle(&delivery, Disposition::Final).await;
@@ -327,26 +332,32 @@ impl Consumer {
     async fn settle(&self, delivery: &Delivery, disposition: Disposition) {
         let acker = &delivery.acker;
         let (counter, settled) = match (disposition, self.on_failure) {
-            (Disposition::Ack, _) => (&self.stats.acked, acker.ack(BasicAckOptions::default()).await),
+            (Disposition::Ack, _) => (
+                (&self.stats.acked, "acked"),
+                acker.ack(BasicAckOptions::default()).await,
+            ),
             (Disposition::Redeliver, _) => {
                 tokio::time::sleep(self.redeliver_after).await;
                 let requeue = BasicNackOptions {
                     requeue: true,
                     ..BasicNackOptions::default()
                 };
-                (&self.stats.requeued, acker.nack(requeue).await)
+                ((&self.stats.requeued, "requeued"), acker.nack(requeue).await)
             }
             (Disposition::Final, OnFailure::DeadLetter) => {
                 let reject = BasicRejectOptions { requeue: false };
-                (&self.stats.failed, acker.reject(reject).await)
+                ((&self.stats.failed, "failed"), acker.reject(reject).await)
             }
-            (Disposition::Final, OnFailure::AckAndDrop) => {
-                (&self.stats.failed, acker.ack(BasicAckOptions::default()).await)
-            }
+            (Disposition::Final, OnFailure::AckAndDrop) => (
+                (&self.stats.failed, "failed"),
+                acker.ack(BasicAckOptions::default()).await,
+            ),
         };
         match settled {
             Ok(true) => {
+                let (counter, outcome) = counter;
                 counter.fetch_add(1, Ordering::Relaxed);
+                observe::delivery(&self.queue, outcome);
             }
             Ok(false) => {
                 debug!(queue = %self.queue, "the delivery's channel is gone; the broker will deliver it again")

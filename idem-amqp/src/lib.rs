@@ -75,13 +75,16 @@
 //! `futures-util` runs a channel's deliveries concurrently up to its prefetch;
 //! `sqlx` (by feature) reads and writes the outbox table; `async-trait` keeps the
 //! outbox's per-database statements behind one trait; `serde_json` decodes message
-//! bodies and encodes outbox messages; `thiserror` and `tracing` for errors and logs.
+//! bodies and encodes outbox messages; `thiserror` and `tracing` for errors and logs;
+//! `metrics` (feature `metrics`) exports the consumer's and the relay's counters
+//! ([`observe`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connection;
 mod consumer;
 mod disposition;
 mod message;
+pub mod observe;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod dialect;

@@ -200,9 +200,12 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// Relay until the process ends, reconnecting when the broker goes away and pausing
     /// when the database fails.
     pub async fn run(&self) {
-        let who = format!("relay of {}", self.outbox.table());
+        let role = connection::Role {
+            kind: "relay",
+            name: self.outbox.table(),
+        };
         let stats = &self.stats;
-        connection::sessions(&who, &self.url, &stats.marked, &stats.sessions_lost, || self.session()).await;
+        connection::sessions(role, &self.url, &stats.marked, &stats.sessions_lost, || self.session()).await;
     }
 
     /// [`run`](Self::run) until `stop` completes. A round cut off by it marks nothing;
@@ -254,7 +257,8 @@ impl<DB: OutboxDatabase> Relay<DB> {
         let Some(keep) = self.keep_sent else { return 0 };
         match self.outbox.purge_sent(&self.pool, keep, u64::from(self.batch)).await {
             Ok(purged) => {
-                self.stats.purged.fetch_add(purged, Ordering::Relaxed);
+                self.stats
+                    .count(&self.stats.purged, self.outbox.table(), "purged", purged);
                 purged
             }
             Err(error) => {
@@ -292,7 +296,8 @@ impl<DB: OutboxDatabase> Relay<DB> {
             self.record_failures(&mut connection, &rows, &published.failed).await?;
             published.confirmed
         };
-        self.stats.marked.fetch_add(confirmed.len() as u64, Ordering::Relaxed);
+        self.stats
+            .count(&self.stats.marked, table, "sent", confirmed.len() as u64);
         Ok(confirmed.len())
     }
 
@@ -316,11 +321,11 @@ impl<DB: OutboxDatabase> Relay<DB> {
             DB::fail(connection, table, &failure).await?;
             match retry_in {
                 Some(pause) => {
-                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    self.stats.count(&self.stats.failed, table, "retried_later", 1);
                     warn!(outbox = %table, id, attempts, retry_in = ?pause, %error, "could not publish the row; trying it again later");
                 }
                 None => {
-                    self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                    self.stats.count(&self.stats.parked, table, "parked", 1);
                     error!(outbox = %table, id, attempts, %error,
                         "could not publish the row; parked (fix the cause, then `idem outbox retry-dead`)");
                 }
@@ -377,19 +382,21 @@ impl<DB: OutboxDatabase> Relay<DB> {
                     properties,
                 )
                 .await?;
-            self.stats.published.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .count(&self.stats.published, self.outbox.table(), "published", 1);
             pending.push((row.id, confirm));
         }
         for (id, confirm) in pending {
             match confirm.await? {
                 Confirmation::Ack(None) => published.confirmed.push(id),
                 Confirmation::Ack(Some(returned)) => {
-                    self.stats.returned.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .count(&self.stats.returned, self.outbox.table(), "returned", 1);
                     let why = format!("no queue took the message: {}", returned.reply_text);
                     published.failed.push((id, why));
                 }
                 Confirmation::Nack(_) | Confirmation::NotRequested => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    self.stats.count(&self.stats.refused, self.outbox.table(), "refused", 1);
                     published
                         .failed
                         .push((id, "the broker refused the message (nack)".to_owned()));
@@ -483,6 +490,12 @@ struct Counters {
 }
 
 impl Counters {
+    /// `n` more of `counter`, also counted as `outcome` of `outbox` in the metrics.
+    fn count(&self, counter: &AtomicU64, outbox: &str, outcome: &'static str, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+        crate::observe::relay_rows(outbox, outcome, n);
+    }
+
     fn snapshot(&self) -> RelayStats {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         RelayStats {

@@ -52,10 +52,13 @@ pub enum Command {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
-    /// Every field of one record.
+    /// Every field of one record. With `--http`, KEY is the key a client sent to the
+    /// HTTP layer, and the record is found by its request line and caller.
     Show {
         #[command(flatten)]
         record: RecordId,
+        #[command(flatten)]
+        http: HttpScope,
     },
     /// Delete expired records in batches, never a running claim.
     Purge {
@@ -187,6 +190,50 @@ pub struct RecordId {
     pub biz: String,
     /// The key.
     pub key: String,
+}
+
+/// `idem show --http "POST /payments" --caller alice pay order-7`: a record of the
+/// HTTP layer, by the client's key.
+#[derive(Debug, Args)]
+pub struct HttpScope {
+    /// The request's method and route as the router names it: `"POST /payments"`,
+    /// `"PUT /orders/{id}"`.
+    #[arg(long, value_name = "METHOD ROUTE")]
+    pub http: Option<String>,
+    /// Who sent it, as the layer names callers (the principal's id).
+    #[arg(long, requires = "http", conflicts_with = "shared")]
+    pub caller: Option<String>,
+    /// The tenant header's value, when the layer narrows callers by one.
+    #[arg(long, requires = "http")]
+    pub tenant: Option<String>,
+    /// The route is `.shared()`: no caller.
+    #[arg(long, requires = "http")]
+    pub shared: bool,
+}
+
+impl HttpScope {
+    /// The record key of `key` in this scope; `None` without `--http`; `Err` for a
+    /// scope that is not whole.
+    pub fn record_key(&self, key: &str) -> Option<Result<String, String>> {
+        let line = self.http.as_deref()?;
+        let Some((method, route)) = line.trim().split_once(' ') else {
+            return Some(Err(format!(
+                "--http {line:?}: give the method and the route, such as \"POST /payments\""
+            )));
+        };
+        let caller = match (&self.caller, self.shared) {
+            (Some(caller), false) => caller.as_str(),
+            (None, true) => "",
+            _ => return Some(Err("--http needs --caller NAME (who sent it), or --shared".to_owned())),
+        };
+        let scope = idem_runtime::scoped_key::caller_scope(caller, self.tenant.as_deref());
+        Some(Ok(idem_runtime::scoped_key::http_record_key(
+            &method.to_ascii_uppercase(),
+            route.trim(),
+            &scope,
+            key,
+        )))
+    }
 }
 
 /// `--biz`: only one biz.

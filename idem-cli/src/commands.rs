@@ -21,7 +21,17 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
             limit,
         } => stuck(store, *older_than, filter, *limit, json).await,
         Command::Failed { filter, limit } => failed(store, filter, *limit, json).await,
-        Command::Show { record } => show(store, record, json).await,
+        Command::Show { record, http } => match http.record_key(&record.key) {
+            None => show(store, record, json).await,
+            Some(Ok(key)) => {
+                let scoped = RecordId {
+                    biz: record.biz.clone(),
+                    key,
+                };
+                show(store, &scoped, json).await
+            }
+            Some(Err(usage)) => Ok(Ended::Usage(usage)),
+        },
         Command::Purge { batch, .. } => purge(store, *batch, json).await,
         Command::Release { record, confirm, force } => release(store, record, confirm, *force).await,
         Command::RetryFailed { record, confirm } => retry_failed(store, record, confirm).await,

@@ -589,3 +589,78 @@ fn outbox_commands_on_sqlite() {
     assert_eq!(usage.status.code(), Some(2), "neither --id nor --all");
     let _ = std::fs::remove_file(path);
 }
+
+/// `idem show --http "POST /payments" --caller alice pay order-7` finds the record the
+/// HTTP layer keeps for alice's key (`POST /payments 5:alice order-7`), with a tenant
+/// too; a scope that is not whole is a usage error.
+#[test]
+fn show_finds_an_http_record_by_the_clients_key() {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-http")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let table = "idempotent_record";
+    runtime.block_on(async {
+        let store = idem_store_sqlx::SqliteStore::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        for (key, answer) in [
+            ("POST /payments 5:alice order-7", "alice"),
+            ("POST /payments 9:4:acmebob order-7", "bob"),
+        ] {
+            let op = Idempotent::new("pay").store(Arc::new(store.clone()));
+            let _: String = op
+                .execute(key, async { Ok::<_, idem_runtime::Error>(answer.to_owned()) })
+                .await
+                .unwrap();
+        }
+    });
+    let shown = json(&idem(
+        &url,
+        table,
+        &[
+            "--json",
+            "show",
+            "--http",
+            "POST /payments",
+            "--caller",
+            "alice",
+            "pay",
+            "order-7",
+        ],
+    ));
+    assert_eq!(shown[0]["response_body"], "\"alice\"");
+    let shown = json(&idem(
+        &url,
+        table,
+        &[
+            "--json",
+            "show",
+            "--http",
+            "post /payments",
+            "--caller",
+            "bob",
+            "--tenant",
+            "acme",
+            "pay",
+            "order-7",
+        ],
+    ));
+    assert_eq!(shown[0]["response_body"], "\"bob\"");
+    let missing = idem(
+        &url,
+        table,
+        &[
+            "show",
+            "--http",
+            "POST /payments",
+            "--caller",
+            "carol",
+            "pay",
+            "order-7",
+        ],
+    );
+    assert_eq!(missing.status.code(), Some(1));
+    let whole = idem(&url, table, &["show", "--http", "POST /payments", "pay", "order-7"]);
+    assert_eq!(whole.status.code(), Some(2), "no caller");
+    assert!(String::from_utf8_lossy(&whole.stderr).contains("--caller"));
+    let _ = std::fs::remove_file(path);
+}

@@ -90,11 +90,8 @@ impl Callers {
             },
             Callers::Unnamed => return Err(Unknown::NoPrincipal),
         };
-        let Some(tenant) = tenant_header.map(|name| tenant(request, name)) else {
-            return Ok(caller);
-        };
-        // Length-prefixed: no tenant and caller can be read two ways.
-        Ok(format!("{}:{tenant}{caller}", tenant.len()))
+        let tenant = tenant_header.map(|name| tenant(request, name));
+        Ok(idem_runtime::scoped_key::caller_scope(&caller, tenant.as_deref()))
     }
 }
 

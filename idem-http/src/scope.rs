@@ -54,15 +54,7 @@ impl Scope {
     /// so no tenant and key can be read two ways), or, when that is too long for the
     /// `idempotent_key` column or holds a control character, `sha256:` and its hash.
     pub(crate) fn record_key(&self) -> String {
-        let readable = format!(
-            "{} {} {}:{} {}",
-            self.method,
-            self.route,
-            self.tenant.len(),
-            self.tenant,
-            self.key
-        );
-        idem_runtime::digest::key_or_digest(readable, |c| !c.is_control())
+        idem_runtime::scoped_key::http_record_key(&self.method, &self.route, &self.tenant, &self.key)
     }
 }
 

@@ -551,6 +551,11 @@ macro_rules! http_suite {
             assert_eq!(server.runs(), 2);
             let rows = server.shop.store.get("http.pay", &format!("POST /payments 0: {key}")).await.unwrap();
             assert!(rows.is_none(), "records are not under a shared scope");
+            // An operator told "alice, key K" finds her record (`idem show --http`).
+            let scope = idem::scoped_key::caller_scope("alice", None);
+            let found = idem::scoped_key::http_record_key("POST", "/payments", &scope, &key);
+            let record = server.shop.store.get("http.pay", &found).await.unwrap().expect("alice's record");
+            assert!(record.response_body.unwrap().contains(alice.json()["charge_id"].as_str().unwrap()));
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -154,7 +154,9 @@ fn transactional(
     };
     // `tx` must be a transaction, and `store = ...` a store of its database: each a
     // compile error on the tokens at fault.
-    let tx_check = quote_spanned!(tx.span()=> let __idem_tx = #private::transaction(#tx););
+    // Every token on `tx`: the unmet bound and the type it leaves unknown are then one
+    // error there, not a second one on the attribute.
+    let tx_check = respan(quote!(let __idem_tx = #private::transaction(#tx);), tx.span());
     let store_check =
         store_span.map(|span| quote_spanned!(span=> #private::StoreCheck::of(&*__idem_tx).store(__idem_store_value);));
     let returns = quote!(<#ret as #private::IdempotentReturn>);

@@ -46,6 +46,7 @@ mod policy;
 mod record;
 pub mod repair;
 mod replay;
+pub mod scoped_key;
 mod step;
 mod store;
 pub mod sweeper;
