@@ -343,6 +343,41 @@ async fn filled_outbox<DB: idem::amqp::OutboxDatabase>(
     outbox
 }
 
+/// Run `relay` (a clone of it) in the background until the returned sender is dropped
+/// or sent to.
+fn spawn_relay<DB: idem::amqp::OutboxDatabase>(relay: &Relay<DB>) -> tokio::sync::oneshot::Sender<()> {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = relay.clone();
+    tokio::spawn(async move {
+        relay
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    stop
+}
+
+/// `$check(&url, pool, name)` on a SQLite file, then on PostgreSQL and MariaDB where
+/// their URLs are set (a generic `async fn` is not a value to pass around).
+macro_rules! on_every_database {
+    ($url:expr, $check:ident) => {{
+        let url: &str = $url;
+        let file = std::env::temp_dir().join(format!("idem-{}-{}.db", stringify!($check), std::process::id()));
+        let sqlite = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
+            .await
+            .unwrap();
+        $check(url, sqlite, "sqlite").await;
+        let _ = std::fs::remove_file(file);
+        if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") {
+            $check(url, idem::sqlx::PgPool::connect(&database).await.unwrap(), "postgres").await;
+        }
+        if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") {
+            $check(url, idem::sqlx::MySqlPool::connect(&database).await.unwrap(), "mariadb").await;
+        }
+    }};
+}
+
 /// Relays at once on one outbox: every row published once (where rows are locked), in
 /// confirmed order of marking; an unroutable row stays unsent and does not hold back
 /// the rows behind it.
@@ -373,16 +408,7 @@ async fn relays_share_an_outbox<DB: idem::amqp::OutboxDatabase>(
         .collect();
     let mut stops = Vec::new();
     for relay in &relays {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let relay = relay.clone();
-        tokio::spawn(async move {
-            relay
-                .run_until(async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        stops.push(stop);
+        stops.push(spawn_relay(relay));
     }
     until(&consumer, |s| s.acked >= rows).await;
     let elapsed = started.elapsed();
@@ -548,15 +574,7 @@ async fn a_relay_deletes_old_sent_rows<DB: idem::amqp::OutboxDatabase>(
         .batch(4)
         .idle(Duration::from_millis(20))
         .keep_sent(Some(Duration::from_millis(300)));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = relay.clone();
-    tokio::spawn(async move {
-        running
-            .run_until(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let stop = spawn_relay(&relay);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut sent_seen = 0;
     loop {
@@ -585,23 +603,7 @@ async fn a_relay_deletes_old_sent_rows<DB: idem::amqp::OutboxDatabase>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_deletes_old_sent_rows_on_every_database() {
     let Some(url) = amqp_url() else { return };
-    let file = std::env::temp_dir().join(format!("idem-outbox-purge-{}.db", std::process::id()));
-    let sqlite = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
-        .await
-        .unwrap();
-    a_relay_deletes_old_sent_rows(&url, sqlite, "sqlite").await;
-    let _ = std::fs::remove_file(file);
-    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") {
-        a_relay_deletes_old_sent_rows(&url, idem::sqlx::PgPool::connect(&database).await.unwrap(), "postgres").await;
-    }
-    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") {
-        a_relay_deletes_old_sent_rows(
-            &url,
-            idem::sqlx::MySqlPool::connect(&database).await.unwrap(),
-            "mariadb",
-        )
-        .await;
-    }
+    on_every_database!(&url, a_relay_deletes_old_sent_rows);
 }
 
 /// The metrics this process records (a global recorder, installed once).
@@ -688,15 +690,7 @@ async fn failing_rows_are_parked<DB: idem::amqp::OutboxDatabase>(url: &str, pool
         .idle(Duration::from_millis(20))
         .max_attempts(3)
         .retry_after(Duration::from_millis(100));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = relay.clone();
-    tokio::spawn(async move {
-        running
-            .run_until(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let stop = spawn_relay(&relay);
     let deadline = Instant::now() + Duration::from_secs(20);
     let counts = loop {
         let counts = outbox.counts(&pool).await.unwrap();
@@ -799,21 +793,5 @@ async fn failing_rows_are_parked<DB: idem::amqp::OutboxDatabase>(url: &str, pool
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_rows_are_parked_and_the_rows_behind_go_on_on_every_database() {
     let Some(url) = amqp_url() else { return };
-    let file = std::env::temp_dir().join(format!("idem-outbox-park-{}.db", std::process::id()));
-    let sqlite = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
-        .await
-        .unwrap();
-    failing_rows_are_parked(&url, sqlite, "sqlite").await;
-    let _ = std::fs::remove_file(file);
-    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") {
-        failing_rows_are_parked(&url, idem::sqlx::PgPool::connect(&database).await.unwrap(), "postgres").await;
-    }
-    if let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") {
-        failing_rows_are_parked(
-            &url,
-            idem::sqlx::MySqlPool::connect(&database).await.unwrap(),
-            "mariadb",
-        )
-        .await;
-    }
+    on_every_database!(&url, failing_rows_are_parked);
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::failover::Storm;
-use idem::{IdempotencyStore, Idempotent, PostgresStore};
+use idem::{IdempotencyStore, Idempotent};
 
 const KEYS: usize = 1500;
 const TASKS: usize = 8;
@@ -47,13 +47,7 @@ async fn a_storm_through_a_failover_loses_no_answer_and_runs_nothing_twice() {
     let target = Arc::new(AtomicU16::new(primary));
     let address = harness::forwarder(target.clone()).await;
     let url = format!("postgres://postgres@127.0.0.1:{address}/postgres");
-    let pool = idem::sqlx::postgres::PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(2))
-        .connect(&url)
-        .await
-        .unwrap();
-    let store = PostgresStore::new(pool);
-    store.migrate().await.unwrap();
+    let store = harness::postgres_store_across_restarts(&url).await;
     let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
     let op = Arc::new(Idempotent::new("failover").store(shared).lease(Duration::from_secs(6)));
 

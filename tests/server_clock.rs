@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, IdempotencyStore, Idempotent, PostgresStore};
+use idem::{Error, IdempotencyStore, Idempotent};
 
 /// `.ci/start-pg-skewed [args]`.
 fn server(args: &[&str]) -> String {
@@ -101,14 +101,7 @@ async fn a_server_clock_jumping_ahead_does_not_hand_a_running_claim_over() {
         .trim()
         .trim_start_matches("export IDEM_PG_SKEWED_URL=")
         .to_owned();
-    let pool = idem::sqlx::postgres::PgPoolOptions::new()
-        .acquire_timeout(Duration::from_secs(2))
-        .connect(&url)
-        .await
-        .unwrap();
-    let store = PostgresStore::new(pool);
-    store.migrate().await.unwrap();
-    let store: Arc<dyn IdempotencyStore> = Arc::new(store);
+    let store: Arc<dyn IdempotencyStore> = Arc::new(harness::postgres_store_across_restarts(&url).await);
 
     // The defaults (a 30 s lease, as much tolerance): a server back 30 s ahead.
     let defaults = Idempotent::new("server-clock").store(store.clone());

@@ -613,38 +613,23 @@ fn show_finds_an_http_record_by_the_clients_key() {
                 .unwrap();
         }
     });
-    let shown = json(&idem(
-        &url,
-        table,
-        &[
-            "--json",
-            "show",
-            "--http",
-            "POST /payments",
-            "--caller",
-            "alice",
-            "pay",
-            "order-7",
-        ],
-    ));
-    assert_eq!(shown[0]["response_body"], "\"alice\"");
-    let shown = json(&idem(
-        &url,
-        table,
-        &[
-            "--json",
-            "show",
-            "--http",
-            "post /payments",
-            "--caller",
-            "bob",
-            "--tenant",
-            "acme",
-            "pay",
-            "order-7",
-        ],
-    ));
-    assert_eq!(shown[0]["response_body"], "\"bob\"");
+    let show = |scope: &[&str]| {
+        let args: Vec<&str> = ["--json", "show", "--http"]
+            .iter()
+            .chain(scope)
+            .chain(&["pay", "order-7"])
+            .copied()
+            .collect();
+        json(&idem(&url, table, &args))
+    };
+    assert_eq!(
+        show(&["POST /payments", "--caller", "alice"])[0]["response_body"],
+        "\"alice\""
+    );
+    assert_eq!(
+        show(&["post /payments", "--caller", "bob", "--tenant", "acme"])[0]["response_body"],
+        "\"bob\""
+    );
     let missing = idem(
         &url,
         table,

@@ -206,6 +206,20 @@ pub async fn open_store(url: &str) -> std::sync::Arc<dyn idem::IdempotencyStore>
     }
 }
 
+/// A PostgreSQL store at `url` (its table migrated) for a server the test stops,
+/// restarts or fails over: its pool gives up waiting for a connection after 2 s, so a
+/// call fails with a store error instead of hanging while the server is away.
+pub async fn postgres_store_across_restarts(url: &str) -> idem::PostgresStore {
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(2))
+        .connect(url)
+        .await
+        .expect("connect to PostgreSQL");
+    let store = idem::PostgresStore::new(pool);
+    store.migrate().await.expect("migrate");
+    store
+}
+
 /// The environment variable that makes a test binary a worker of `role`.
 const ROLE: &str = "IDEM_WORKER_ROLE";
 
