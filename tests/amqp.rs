@@ -795,3 +795,37 @@ async fn failing_rows_are_parked_and_the_rows_behind_go_on_on_every_database() {
     let Some(url) = amqp_url() else { return };
     on_every_database!(&url, failing_rows_are_parked);
 }
+
+/// On MariaDB a relay's claim locks the rows it takes and no gap after them: while its
+/// batch waits for the broker, business transactions still add rows to the outbox (at
+/// InnoDB's default isolation the claim's next-key lock would hold every insert until
+/// the batch committed, and the HTTP side of the pipeline crawled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_claim_never_holds_back_a_business_insert_on_mariadb() {
+    use idem::amqp::OutboxDatabase;
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
+        return;
+    };
+    let pool = idem::sqlx::MySqlPool::connect(&database).await.unwrap();
+    let table = format!("outbox_gap_{}", std::process::id());
+    let outbox = Outbox::<idem::sqlx::MySql>::named(&table).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let message = OutboxMessage::json("", "idem.test.gap", &json!({"n": 1})).unwrap();
+    outbox
+        .push(&mut *pool.acquire().await.unwrap(), &message)
+        .await
+        .unwrap();
+    // A claim as the relay makes it, left open as while the broker confirms.
+    let mut claim = idem::sqlx::MySql::begin_claim(&pool).await.unwrap();
+    let claimed = idem::sqlx::MySql::claim(&mut claim, &table, 100).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let insert = async {
+        let mut business = pool.begin().await.unwrap();
+        let id = outbox.push(&mut business, &message).await.unwrap();
+        business.commit().await.unwrap();
+        id
+    };
+    let inserted = tokio::time::timeout(Duration::from_secs(5), insert).await;
+    assert!(inserted.is_ok(), "a business insert waited for the relay's open claim");
+    claim.rollback().await.unwrap();
+}

@@ -34,6 +34,13 @@ pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
         message: &OutboxMessage,
     ) -> Result<i64, sqlx::Error>;
 
+    /// The transaction a relay claims its batch in (where rows are locked): on
+    /// MySQL/MariaDB at `READ COMMITTED`, so that the claim locks the rows it takes and
+    /// no gap after them — at InnoDB's default `REPEATABLE READ` it would hold every
+    /// business transaction's outbox insert until the broker confirmed the batch.
+    #[doc(hidden)]
+    async fn begin_claim(pool: &sqlx::Pool<Self>) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error>;
+
     /// The oldest `limit` unsent rows (locked, skipping locked ones, where the database
     /// can).
     #[doc(hidden)]
@@ -108,6 +115,9 @@ pub struct Failure<'a> {
 
 /// The statements of one dialect; `{t}` stands for the table.
 struct Statements {
+    /// What begins a relay's claim transaction, when `BEGIN` does not do (it sets that
+    /// transaction's isolation first).
+    before_claim: Option<&'static str>,
     /// Taken in the migration's transaction first, where the database needs it to keep
     /// two processes migrating at once from racing (PostgreSQL's `CREATE … IF NOT
     /// EXISTS` does not).
@@ -147,6 +157,13 @@ macro_rules! outbox_database {
         #[async_trait]
         impl OutboxDatabase for $db {
             const LOCKS_ROWS: bool = $locks;
+
+            async fn begin_claim(pool: &sqlx::Pool<Self>) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+                match $statements.before_claim {
+                    Some(begin) => pool.begin_with(begin).await,
+                    None => pool.begin().await,
+                }
+            }
 
             async fn create(connection: &mut Self::Connection, table: &str) -> Result<(), sqlx::Error> {
                 let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
@@ -295,6 +312,7 @@ fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> Option<
 
 #[cfg(feature = "postgres")]
 const POSTGRES: Statements = Statements {
+    before_claim: None,
     lock: Some("SELECT pg_advisory_xact_lock(hashtext('idem_amqp.{t}'))"),
     create: &[
         "CREATE TABLE IF NOT EXISTS {t} (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
@@ -329,6 +347,7 @@ outbox_database!(sqlx::Postgres, POSTGRES, locks_rows = true, insert(connection,
 
 #[cfg(feature = "mysql")]
 const MYSQL: Statements = Statements {
+    before_claim: Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION"),
     lock: None,
     create: &[
         "CREATE TABLE IF NOT EXISTS {t} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
@@ -367,6 +386,7 @@ outbox_database!(sqlx::MySql, MYSQL, locks_rows = true, insert(connection, sql, 
 
 #[cfg(feature = "sqlite")]
 const SQLITE: Statements = Statements {
+    before_claim: None,
     lock: None,
     create: &[
         "CREATE TABLE IF NOT EXISTS {t} (id INTEGER PRIMARY KEY AUTOINCREMENT, exchange TEXT NOT NULL, \

@@ -281,7 +281,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
         let table = self.outbox.table();
         let limit = i64::from(self.batch);
         let confirmed = if DB::LOCKS_ROWS {
-            let mut transaction = self.pool.begin().await?;
+            let mut transaction = DB::begin_claim(&self.pool).await?;
             let rows = DB::claim(&mut transaction, table, limit).await?;
             let published = self.publish(channel, exchanges, &rows).await?;
             DB::mark_sent(&mut transaction, table, &published.confirmed).await?;
