@@ -79,3 +79,27 @@ async fn a_lease_lapses_on_the_test_clock() {
         "taken over"
     );
 }
+
+/// A retention that depends on the request: `ttl` as an expression, once per call.
+#[idempotent(key = order, biz = "clock.kept", ttl = Duration::from_secs(hours * 3600), store = store)]
+async fn keep(store: &Arc<dyn IdempotencyStore>, order: &str, hours: u64) -> Result<u64, idem::Error> {
+    Ok(hours)
+}
+
+#[tokio::test]
+async fn a_ttl_expression_is_evaluated_for_each_call() {
+    let store: Arc<dyn IdempotencyStore> = Arc::new(idem::MemoryStore::new());
+    for (order, hours) in [("short", 1), ("long", 48)] {
+        assert_eq!(keep(&store, order, hours).await.unwrap(), hours);
+        let record = store.get("clock.kept", order).await.unwrap().unwrap();
+        let kept = record.expires_at.duration_since(record.completed_at.unwrap()).unwrap();
+        assert_eq!(kept, Duration::from_secs(hours * 3600), "{order}");
+    }
+    // Out of range: refused before anything is claimed, as the builder refuses it.
+    let refused = keep(&store, "none", 0).await.unwrap_err();
+    assert!(
+        matches!(&refused, idem::Error::InvalidOption { option: "ttl", .. }),
+        "{refused:?}"
+    );
+    assert!(store.get("clock.kept", "none").await.unwrap().is_none());
+}

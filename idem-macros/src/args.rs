@@ -185,6 +185,8 @@ pub struct Args {
     pub key: Expr,
     pub biz: LitStr,
     pub ttl: Option<Millis>,
+    /// `ttl = some_expression`: a `Duration` evaluated once per call.
+    pub ttl_expr: Option<Expr>,
     pub lease: Option<Millis>,
     /// May be zero.
     pub clock_tolerance: Option<Millis>,
@@ -235,7 +237,11 @@ impl Args {
             match option.as_str() {
                 "key" => options.key = errors.handle(expression("key", value, KEY_HINT)),
                 "biz" => options.biz = errors.handle(Biz::from_expr(value).map(|biz| biz.0)),
-                "ttl" => options.ttl = errors.handle(Millis::from_expr(value).map_err(named)),
+                "ttl" => match value {
+                    // Anything but a literal is a `Duration` evaluated once per call.
+                    Expr::Lit(_) => options.ttl = errors.handle(Millis::from_expr(value).map_err(named)),
+                    expression => options.ttl_expr = Some(expression.clone()),
+                },
                 "lease" => options.lease = errors.handle(Millis::from_expr(value).map_err(named)),
                 "clock_tolerance" => options.clock_tolerance = errors.handle(tolerance(value)),
                 "wait" => options.wait = errors.handle(Millis::from_expr(value).map_err(named)),
@@ -280,6 +286,7 @@ impl Args {
             key: key.expect("checked"),
             biz: biz.expect("checked"),
             ttl: options.ttl,
+            ttl_expr: options.ttl_expr,
             lease: options.lease,
             clock_tolerance: options.clock_tolerance,
             wait: options.wait,
@@ -299,6 +306,7 @@ struct Options {
     key: Option<Expr>,
     biz: Option<LitStr>,
     ttl: Option<Millis>,
+    ttl_expr: Option<Expr>,
     lease: Option<Millis>,
     clock_tolerance: Option<Millis>,
     wait: Option<Millis>,

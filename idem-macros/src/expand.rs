@@ -71,6 +71,11 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let on_error = args
         .on_error
         .map(|variant| quote!(.on_error(#krate::OnError::#variant)));
+    // A `ttl` expression: evaluated once per call, as a `Duration` (a type error on the
+    // expression otherwise), its range checked when the call runs.
+    let ttl_expr = args
+        .ttl_expr
+        .map(|ttl| quote_spanned!(ttl.span()=> let __idem_op = #private::ttl(__idem_op, #ttl);));
     let payload = args
         .payload
         .map(|payload| quote_spanned!(payload.span()=> let __idem_op = #private::payload(__idem_op, &(#payload));));
@@ -126,6 +131,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
             #duration_checks
             #key_stmt
             let __idem_op = #krate::Idempotent::new(#biz) #duration_setters #mode #on_error;
+            #ttl_expr
             #payload
             #store_stmt
             #describe

@@ -67,7 +67,10 @@ mod item;
 ///   `(biz, key)` is unique. `biz = "pay"`.
 /// - `ttl` (default `"24h"`): how long a finished record answers duplicates, counted
 ///   from completion. A duration string of `ms`, `s`, `m`, `h`, `d` parts: `"1h30m"`.
-///   Positive, at most 100 years.
+///   Positive, at most 100 years (checked at compile time). Or an expression of type
+///   `std::time::Duration`, evaluated once per call (a retention that depends on the
+///   request: `ttl = req.retention()`); out of range, the call fails with
+///   `idem::Error::InvalidOption` before anything is claimed.
 /// - `mode` (default `ReturnFirst`): a duplicate of a finished call gets the first `Ok`
 ///   value (`ReturnFirst`) or `idem::Error::Duplicate` (`Reject`).
 /// - `lease` (default `"30s"`): how long a running claim is respected; a heartbeat renews

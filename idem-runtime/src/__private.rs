@@ -146,6 +146,12 @@ pub fn payload<P: PayloadValue + ?Sized>(op: Idempotent, payload: &P) -> Idempot
     op.payload(payload)
 }
 
+/// Set `ttl = expression` (a `Duration`, evaluated once per call); out of range, every
+/// call fails with `Error::InvalidOption` before anything is claimed.
+pub fn ttl(op: Idempotent, ttl: Duration) -> Idempotent {
+    op.ttl(ttl)
+}
+
 /// Evaluate `store = ...` (by reference).
 pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
     store.handle()
