@@ -189,10 +189,11 @@ pub async fn panicking(store: &Store, key: &str) -> Result<(u32, u64), AppError>
     panic!("the body panicked")
 }
 
-/// `panicking` with the default clock tolerance (as long as the 300 ms lease).
-#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "300ms")]
-pub async fn panicking_with_tolerance(store: &Store, key: &str) -> Result<(u32, u64), AppError> {
-    panic!("the body panicked")
+/// A body that never ends, with a 500 ms lease and the default clock tolerance (as long
+/// again): dropped, it leaves its claim to the lease and the tolerance.
+#[idempotent(key = key, biz = "conformance.lease", store = store, lease = "500ms")]
+pub async fn hanging_with_tolerance(store: &Store, key: &str) -> Result<(u32, u64), AppError> {
+    std::future::pending().await
 }
 
 /// The decorated call `in_biz_a` the scenarios make (its options are in its attribute).

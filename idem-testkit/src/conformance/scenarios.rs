@@ -324,19 +324,18 @@ pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
 /// store clock that jumps ahead by less than the tolerance cannot end a running lease.
 pub async fn a_claim_is_kept_for_the_clock_tolerance_past_its_lease(store: &Store) {
     let key = unique("tolerance");
-    let joined = {
-        let (store, key) = (store.clone(), key.clone());
-        tokio::spawn(async move { panicking_with_tolerance(&store, &key).await }).await
-    };
-    assert!(joined.unwrap_err().is_panic());
+    // The holder is dropped mid-body: its heartbeat goes with it.
+    let dropped = tokio::time::timeout(Duration::from_millis(50), hanging_with_tolerance(store, &key)).await;
+    assert!(dropped.is_err());
     let stored = record(store, "conformance.lease", &key).await.unwrap();
-    // Instants counted from the claim (a panic's backtrace can take a while to print).
+    assert_eq!(stored.status, Status::Processing);
+    // Instants counted from the claim, by the store's instant of it.
     let after_claim = |millis: u64| {
         let at = stored.created_at + Duration::from_millis(millis);
         at.duration_since(std::time::SystemTime::now()).unwrap_or_default()
     };
-    // Past the 300 ms lease, inside its 300 ms tolerance: still the dead holder's.
-    tokio::time::sleep(after_claim(400)).await;
+    // Past the 500 ms lease, inside its 500 ms tolerance: still the dead holder's.
+    tokio::time::sleep(after_claim(650)).await;
     let runs = Runs::default();
     let early = leased(store, &key, &runs, NO_DELAY).await;
     assert!(
@@ -344,7 +343,7 @@ pub async fn a_claim_is_kept_for_the_clock_tolerance_past_its_lease(store: &Stor
         "{early:?}"
     );
     // Past both: taken over.
-    tokio::time::sleep(after_claim(750)).await;
+    tokio::time::sleep(after_claim(1200)).await;
     let taken = leased(store, &key, &runs, NO_DELAY).await.unwrap();
     assert_eq!(taken, (1, stored.fence + 1));
 }
