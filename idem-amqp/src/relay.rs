@@ -285,7 +285,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
             let rows = DB::claim(&mut transaction, table, limit).await?;
             let published = self.publish(channel, exchanges, &rows).await?;
             DB::mark_sent(&mut transaction, table, &published.confirmed).await?;
-            self.record_failures(&mut transaction, &rows, &published.failed).await?;
+            self.record_failures(&mut transaction, &published.failed).await?;
             transaction.commit().await?;
             published.confirmed
         } else {
@@ -293,7 +293,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
             let published = self.publish(channel, exchanges, &rows).await?;
             let mut connection = self.pool.acquire().await?;
             DB::mark_sent(&mut connection, table, &published.confirmed).await?;
-            self.record_failures(&mut connection, &rows, &published.failed).await?;
+            self.record_failures(&mut connection, &published.failed).await?;
             published.confirmed
         };
         self.stats
@@ -302,18 +302,13 @@ impl<DB: OutboxDatabase> Relay<DB> {
     }
 
     /// Count each failed row's attempt; set its next one, or park it.
-    async fn record_failures(
-        &self,
-        connection: &mut DB::Connection,
-        rows: &[OutboxRow],
-        failed: &[(i64, String)],
-    ) -> Result<(), sqlx::Error> {
-        for (id, error) in failed {
-            let attempts = rows.iter().find(|row| row.id == *id).map_or(0, |row| row.attempts) + 1;
-            let table = self.outbox.table();
+    async fn record_failures(&self, connection: &mut DB::Connection, failed: &[Failed<'_>]) -> Result<(), sqlx::Error> {
+        let table = self.outbox.table();
+        for Failed { row, error } in failed {
+            let (id, attempts) = (row.id, row.attempts + 1);
             let retry_in = (attempts < self.max_attempts).then(|| self.pause_after(attempts));
             let failure = Failure {
-                id: *id,
+                id,
                 attempts,
                 error,
                 retry_in_micros: retry_in.map(|pause| i64::try_from(pause.as_micros()).unwrap_or(i64::MAX)),
@@ -342,18 +337,18 @@ impl<DB: OutboxDatabase> Relay<DB> {
 
     /// Publish `rows` and wait for every confirm: the ids the broker acked and routed,
     /// and the ids that failed, with why.
-    async fn publish(
+    async fn publish<'r>(
         &self,
         channel: &Channel,
         exchanges: &mut Exchanges<'_>,
-        rows: &[OutboxRow],
-    ) -> Result<Published, lapin::Error> {
+        rows: &'r [OutboxRow],
+    ) -> Result<Published<'r>, lapin::Error> {
         let mut published = Published::default();
         let mut pending = Vec::with_capacity(rows.len());
         for row in rows {
             let message = &row.message;
             if let Some(missing) = exchanges.missing(&message.exchange).await? {
-                published.failed.push((row.id, missing));
+                published.failed.push(Failed { row, error: missing });
                 continue;
             }
             let mut properties = BasicProperties::default()
@@ -384,22 +379,21 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 .await?;
             self.stats
                 .count(&self.stats.published, self.outbox.table(), "published", 1);
-            pending.push((row.id, confirm));
+            pending.push((row, confirm));
         }
-        for (id, confirm) in pending {
+        for (row, confirm) in pending {
             match confirm.await? {
-                Confirmation::Ack(None) => published.confirmed.push(id),
+                Confirmation::Ack(None) => published.confirmed.push(row.id),
                 Confirmation::Ack(Some(returned)) => {
                     self.stats
                         .count(&self.stats.returned, self.outbox.table(), "returned", 1);
-                    let why = format!("no queue took the message: {}", returned.reply_text);
-                    published.failed.push((id, why));
+                    let error = format!("no queue took the message: {}", returned.reply_text);
+                    published.failed.push(Failed { row, error });
                 }
                 Confirmation::Nack(_) | Confirmation::NotRequested => {
                     self.stats.count(&self.stats.refused, self.outbox.table(), "refused", 1);
-                    published
-                        .failed
-                        .push((id, "the broker refused the message (nack)".to_owned()));
+                    let error = "the broker refused the message (nack)".to_owned();
+                    published.failed.push(Failed { row, error });
                 }
             }
         }
@@ -409,9 +403,16 @@ impl<DB: OutboxDatabase> Relay<DB> {
 
 /// What one batch's publishing came to.
 #[derive(Debug, Default)]
-struct Published {
+struct Published<'r> {
     confirmed: Vec<i64>,
-    failed: Vec<(i64, String)>,
+    failed: Vec<Failed<'r>>,
+}
+
+/// A row whose attempt failed, and why.
+#[derive(Debug)]
+struct Failed<'r> {
+    row: &'r OutboxRow,
+    error: String,
 }
 
 /// The exchanges a session has found to exist. Each other one is looked up once, with

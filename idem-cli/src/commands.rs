@@ -84,28 +84,43 @@ fn not_found(store: &Store, id: &RecordId) -> Ended {
     ))
 }
 
-/// `idem purge --expired`: batches until none is left, with a progress spinner on a
-/// terminal, or a line per batch on stderr otherwise (a log, a pipe).
+/// `idem purge --expired`: batches until none is left ([`in_batches`]).
 async fn purge(store: &Store, batch: u64, json: bool) -> Outcome {
+    let purged = in_batches("expired records", json, || store.purge(batch)).await?;
+    if json {
+        println!("{}", serde_json::json!({ "purged": purged }));
+    } else {
+        println!("purged {purged} expired records from {}", store.name());
+    }
+    Ok(Ended::Done)
+}
+
+/// Delete `what` a batch at a time (`batch` says how many went) until a batch deletes
+/// none: how many in all. A progress spinner on a terminal, or a line per batch on
+/// stderr otherwise (a log, a pipe).
+pub(crate) async fn in_batches<F, Fut>(what: &str, json: bool, mut batch: F) -> Result<u64, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, StoreError>>,
+{
     use std::io::IsTerminal;
     let on_terminal = std::io::stderr().is_terminal();
     let progress = if json || !on_terminal {
         indicatif::ProgressBar::hidden()
     } else {
-        indicatif::ProgressBar::new_spinner().with_message("purging expired records")
+        indicatif::ProgressBar::new_spinner().with_message(format!("purging {what}"))
     };
-    progress.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {pos} records purged ({per_sec}) {msg}").unwrap(),
-    );
+    let template = format!("{{spinner}} {{pos}} {what} purged ({{per_sec}}) {{msg}}");
+    progress.set_style(indicatif::ProgressStyle::with_template(&template).unwrap());
     let mut purged = 0u64;
     loop {
-        match store.purge(batch).await {
+        match batch().await {
             Ok(0) => break,
             Ok(deleted) => {
                 purged += deleted;
                 progress.set_position(purged);
                 if !on_terminal {
-                    eprintln!("purged {purged} expired records so far");
+                    eprintln!("purged {purged} {what} so far");
                 }
             }
             Err(error) => {
@@ -115,12 +130,7 @@ async fn purge(store: &Store, batch: u64, json: bool) -> Outcome {
         }
     }
     progress.finish_with_message("done");
-    if json {
-        println!("{}", serde_json::json!({ "purged": purged }));
-    } else {
-        println!("purged {purged} expired records from {}", store.name());
-    }
-    Ok(Ended::Done)
+    Ok(purged)
 }
 
 async fn release(store: &Store, id: &RecordId, confirm: &Confirm, force: bool) -> Outcome {

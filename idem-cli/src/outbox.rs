@@ -6,7 +6,7 @@ use idem_runtime::StoreError;
 use serde_json::json;
 
 use crate::args::OutboxCommand;
-use crate::commands::confirmed;
+use crate::commands::{confirmed, in_batches};
 use crate::store::Store;
 use crate::Ended;
 
@@ -97,15 +97,10 @@ async fn on<DB: OutboxDatabase>(
             }
         }
         OutboxCommand::PurgeSent { older_than, batch } => {
-            let mut purged = 0;
-            loop {
-                let deleted = outbox.purge_sent(pool, *older_than, *batch).await.map_err(failed)?;
-                purged += deleted;
-                if deleted < (*batch).max(1) {
-                    break;
-                }
-                eprintln!("deleted {purged} sent rows so far");
-            }
+            let purged = in_batches("sent rows", json, || async {
+                outbox.purge_sent(pool, *older_than, *batch).await.map_err(failed)
+            })
+            .await?;
             if json {
                 println!("{}", json!({ "purged": purged }));
             } else {

@@ -130,13 +130,12 @@ impl Idempotent {
     /// what is left of the lease then runs the body twice). At most
     /// [`MAX_DURATION`](crate::MAX_DURATION).
     pub fn clock_tolerance(mut self, tolerance: Duration) -> Self {
-        if tolerance > crate::MAX_DURATION {
-            self.invalid.get_or_insert((
-                "clock_tolerance",
-                format!("`clock_tolerance` of {tolerance:?} is longer than 100 years, the longest duration every store can hold"),
-            ));
-        } else {
-            self.clock_tolerance = Some(tolerance);
+        // The durations' one rule, but zero is a tolerance (none).
+        match duration_problem("clock_tolerance", tolerance).filter(|_| !tolerance.is_zero()) {
+            None => self.clock_tolerance = Some(tolerance),
+            Some(reason) => {
+                self.invalid.get_or_insert(("clock_tolerance", reason));
+            }
         }
         self
     }
