@@ -1,7 +1,8 @@
 //! The example pipeline (`examples/pipeline.rs`) killed end to end: orders posted under
 //! load while the HTTP server, the relay and the consumers are SIGKILLed at random
 //! moments and RabbitMQ is killed and restarted once; then everything drains, and every
-//! order has exactly one effect and no effect lacks its order.
+//! order has exactly one effect and no effect lacks its order. Last, a consumer is killed
+//! while it holds deliveries it has not settled, so that some are certainly delivered again.
 //!
 //! Runs on PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and MariaDB (`IDEM_TEST_MYSQL_URL`) with
 //! RabbitMQ (`IDEM_TEST_AMQP_URL`, started by `.ci/start-rabbitmq`); prints NOT RUN
@@ -94,10 +95,20 @@ impl Part {
     }
 
     fn kill_and_restart(&mut self, binary: &str) {
+        self.kill();
+        self.restart(binary, &self.args.clone());
+    }
+
+    /// SIGKILL the part and wait for it to be gone.
+    fn kill(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
         self.kills += 1;
-        self.child = Self::spawn(binary, self.role, &self.args);
+    }
+
+    /// Start the (killed) part again, with `args`.
+    fn restart(&mut self, binary: &str, args: &[String]) {
+        self.child = Self::spawn(binary, self.role, args);
     }
 }
 
@@ -111,40 +122,82 @@ impl Drop for Part {
 /// Post orders with fresh keys until `stop`, each retried with its own key until it is
 /// answered 201; the orders answered.
 async fn customer(base: String, name: String, stop: Arc<AtomicBool>, accepted: Arc<Mutex<BTreeSet<String>>>) -> u32 {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let client = client();
     let mut retries = 0;
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
         n += 1;
-        let key = format!("{name}-{n}");
-        loop {
-            let answer = client
-                .post(format!("{base}/orders"))
-                .bearer_auth(&name)
-                .header("idempotency-key", &key)
-                .json(&serde_json::json!({"customer": name, "cents": 100 * n}))
-                .send()
-                .await;
-            match answer {
-                Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
-                    let placed: Value = response.json().await.unwrap();
-                    accepted
-                        .lock()
-                        .unwrap()
-                        .insert(placed["order"].as_str().unwrap().to_owned());
-                    break;
-                }
-                _ => {
-                    retries += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+        let (order, retried) = place_order(&client, &base, &name, n).await;
+        accepted.lock().unwrap().insert(order);
+        retries += retried;
+    }
+    retries
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// Order number `n` of customer `name`, retried with its key until it is answered 201:
+/// the order's reference and how many retries it took.
+async fn place_order(client: &reqwest::Client, base: &str, name: &str, n: u32) -> (String, u32) {
+    let key = format!("{name}-{n}");
+    let mut retries = 0;
+    loop {
+        let answer = client
+            .post(format!("{base}/orders"))
+            .bearer_auth(name)
+            .header("idempotency-key", &key)
+            .json(&serde_json::json!({"customer": name, "cents": 100 * n}))
+            .send()
+            .await;
+        match answer {
+            Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
+                let placed: Value = response.json().await.unwrap();
+                return (placed["order"].as_str().unwrap().to_owned(), retries);
+            }
+            _ => {
+                retries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
-    retries
+}
+
+/// With both consumers (`parts[2..]`) stopped, a few orders queued behind them; one
+/// consumer started with a slow effect and killed once the broker counts deliveries it
+/// holds unsettled, so that those are delivered again, for certain; then both consumers
+/// as before. The orders placed.
+async fn kill_a_consumer_holding_deliveries(parts: &mut [Part], binary: &str, base: &str, queue: &str) -> Vec<String> {
+    let client = client();
+    for consumer in &mut parts[2..] {
+        consumer.kill();
+    }
+    let mut placed = Vec::new();
+    for n in 1..=8 {
+        placed.push(place_order(&client, base, "last", n).await.0);
+    }
+    let mut slow = parts[2].args.clone();
+    let delay = slow.iter().position(|arg| arg == "--effect-delay-ms").unwrap() + 1;
+    slow[delay] = "20000".into();
+    parts[2].restart(binary, &slow);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ci::ci_script("start-rabbitmq", &["unacked", queue]).trim() == "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the slow consumer took no delivery of {queue} in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    parts[2].kill();
+    for consumer in &mut parts[2..] {
+        let args = consumer.args.clone();
+        consumer.restart(binary, &args);
+    }
+    placed
 }
 
 async fn stats(base: &str) -> Option<Value> {
@@ -243,6 +296,8 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
         retries += customer.await.unwrap();
     }
     assert!(broker_restarted, "the broker was restarted");
+    let last = kill_a_consumer_holding_deliveries(&mut parts, &binary, &base, &queue).await;
+    accepted.lock().unwrap().extend(last);
 
     // Drain: nothing pending, every order with its effects.
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -279,8 +334,8 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
     assert_eq!(figure(&drained, "points"), orders, "{name}: {drained}");
     assert_eq!(figure(&drained, "sms"), orders, "{name}: {drained}");
     assert_eq!(figure(&drained, "published"), orders, "{name}: {drained}");
-    // The faults happened: the broker delivered some messages again, and the consumers
-    // absorbed deliveries of messages already handled.
+    // The faults happened: the broker delivered some messages again (at least those the
+    // slow consumer held when it was killed).
     assert!(
         figure(&drained, "redelivered") > 0,
         "no message was redelivered: {drained}"
