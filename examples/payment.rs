@@ -11,6 +11,16 @@
 //! cargo run --example payment -- --without-idem  # the incident
 //! cargo run --example payment -- --database-url postgres://user@127.0.0.1/db   # or mysql://…
 //! ```
+//!
+//! The evening's worst case — a bank that never deduplicates, and the process killed
+//! right after a charge and before its record — and what each outcome policy makes of
+//! it (see `support/evening.rs`):
+//!
+//! ```text
+//! cargo run --example payment -- --bank-forgets-keys --outcome reconcile --crash-after-charge
+//! cargo run --example payment -- --bank-forgets-keys --outcome reconcile --resume
+//! # charges=37 requests=76 doubled=0 unknown=0   (rerun: doubled=1; fail-closed: unknown=1)
+//! ```
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -18,6 +28,9 @@ use std::time::{Duration, Instant};
 
 use idem::idempotent;
 use serde::{Deserialize, Serialize};
+
+#[path = "support/evening.rs"]
+mod evening;
 
 /// How long the slow bank takes (11 s that evening, at 1/10 scale).
 const BANK_DELAY: Duration = Duration::from_millis(1100);
@@ -139,6 +152,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let store = idem::sql::open(&url).await?;
     idem::install(store.clone());
+    if args.iter().any(|arg| arg == "--bank-forgets-keys") {
+        let outcome = match args.iter().position(|arg| arg == "--outcome") {
+            Some(at) => evening::Outcome::parse(args.get(at + 1).ok_or("--outcome needs a value")?)?,
+            None => evening::Outcome::Reconcile,
+        };
+        let options = evening::Options {
+            outcome,
+            crash_after_charge: args.iter().any(|arg| arg == "--crash-after-charge"),
+            resume: args.iter().any(|arg| arg == "--resume"),
+        };
+        return evening::run(&url, options).await;
+    }
     // Request ids of this run: the database keeps earlier runs' records (and would
     // rightly replay them).
     let run = std::time::SystemTime::now()

@@ -334,11 +334,12 @@ pub use idem_runtime::observe;
 pub use idem_runtime::repair;
 pub use idem_runtime::scoped_key;
 pub use idem_runtime::token;
+pub use idem_runtime::unknown;
 pub use idem_runtime::unordered;
 pub use idem_runtime::{
-    context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, IntoSharedStore, LeaseClock,
-    MemoryStore, Mode, OnError, Record, Status, TieredStore, Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS,
-    MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
+    context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, Intent, IntoSharedStore,
+    LeaseClock, Lookup, MemoryStore, Mode, OnError, Record, Status, Step, TieredStore, Unordered, DEFAULT_LEASE,
+    DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]

@@ -113,8 +113,10 @@ impl Disposition {
             | Error::Reentrant { .. }
             | Error::TokenUnknown { .. }
             | Error::Encode { .. } => Disposition::Final,
-            // InProgress, LeaseLost, Store, Decode, NoStore and whatever a later version
-            // adds: nothing says the outcome is recorded, so the message is kept.
+            // InProgress, OutcomeUnknown (kept until settled: the next delivery after
+            // that replays or runs), LeaseLost, Store, Decode, NoStore and whatever a
+            // later version adds: nothing says the outcome is recorded, so the message
+            // is kept.
             _ => Disposition::Redeliver,
         }
     }

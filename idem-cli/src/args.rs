@@ -89,6 +89,32 @@ pub enum Command {
         #[command(flatten)]
         confirm: Confirm,
     },
+    /// Effects whose outcome is unknown (the oldest first): records a step that failed
+    /// closed holds until they are settled, with the step, its effect key and since when.
+    Unknown {
+        #[command(flatten)]
+        filter: BizFilter,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Settle an effect whose outcome is unknown, once the other side told you whether
+    /// it happened: `--value JSON` (it did, with this value: the next call returns it
+    /// without running the effect) or `--not-done` (the next call runs it).
+    Settle {
+        #[command(flatten)]
+        record: RecordId,
+        /// The step (as `idem unknown` names it).
+        step: String,
+        /// It happened, with this value: the step's value as JSON (`'{"id":"ch_1"}'`).
+        #[arg(long, required_unless_present = "not_done", conflicts_with = "not_done")]
+        value: Option<String>,
+        /// It did not happen.
+        #[arg(long)]
+        not_done: bool,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
     /// Create the table and its index if missing (the DDL of `migrate()`), or print
     /// that DDL.
     Migrate {
@@ -167,6 +193,8 @@ impl Command {
             Command::Purge { .. } => "purge",
             Command::Release { .. } => "release",
             Command::RetryFailed { .. } => "retry-failed",
+            Command::Unknown { .. } => "unknown",
+            Command::Settle { .. } => "settle",
             Command::Migrate { .. } => "migrate",
             Command::Check => "check",
             Command::Outbox { command, .. } => command.name(),
@@ -178,7 +206,11 @@ impl Command {
     pub fn needs_sql(&self) -> bool {
         !matches!(
             self,
-            Command::Show { .. } | Command::Purge { .. } | Command::Release { .. }
+            Command::Show { .. }
+                | Command::Purge { .. }
+                | Command::Release { .. }
+                | Command::Unknown { .. }
+                | Command::Settle { .. }
         )
     }
 }

@@ -6,7 +6,7 @@ use idem_runtime::repair::{self, Release};
 use idem_runtime::StoreError;
 
 use crate::args::{BizFilter, Cli, Command, Confirm, RecordId};
-use crate::records::{instant, print_record, print_records, print_stats};
+use crate::records::{instant, print_record, print_records, print_stats, print_unsettled};
 use crate::store::Store;
 use crate::Ended;
 
@@ -35,6 +35,14 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
         Command::Purge { batch, .. } => purge(store, *batch, json).await,
         Command::Release { record, confirm, force } => release(store, record, confirm, *force).await,
         Command::RetryFailed { record, confirm } => retry_failed(store, record, confirm).await,
+        Command::Unknown { filter, limit } => unknown(store, filter, *limit, json).await,
+        Command::Settle {
+            record,
+            step,
+            value,
+            confirm,
+            ..
+        } => settle(store, record, step, value.as_deref(), confirm).await,
         Command::Migrate { print: false } => migrate(store).await,
         Command::Migrate { print: true } => print_migration(store).await,
         Command::Check => check(store).await,
@@ -63,6 +71,48 @@ async fn failed(store: &Store, filter: &BizFilter, limit: u32, json: bool) -> Ou
     let records = store.failed(filter.biz.as_deref(), limit).await?;
     print_records(&records, json);
     Ok(Ended::Done)
+}
+
+async fn unknown(store: &Store, filter: &BizFilter, limit: u32, json: bool) -> Outcome {
+    let records = store.unsettled(filter.biz.as_deref(), limit).await?;
+    print_unsettled(&records, json);
+    Ok(Ended::Done)
+}
+
+/// `idem settle BIZ KEY STEP --value JSON | --not-done`.
+async fn settle(store: &Store, id: &RecordId, step: &str, value: Option<&str>, confirm: &Confirm) -> Outcome {
+    let (biz, key) = (id.biz.as_str(), id.key.as_str());
+    let (settlement, question) = match value {
+        Some(json) => (
+            repair::Settlement::Done(json.to_owned()),
+            format!("settle step `{step}` of biz `{biz}` key `{key}` as done with {json} (the next call returns it)"),
+        ),
+        None => (
+            repair::Settlement::NotDone,
+            format!("settle step `{step}` of biz `{biz}` key `{key}` as not done (the next call runs its effect)"),
+        ),
+    };
+    if !confirmed(confirm, &question) {
+        return Ok(Ended::No("not settled".to_owned()));
+    }
+    Ok(match repair::settle(store.shared(), biz, key, step, settlement).await? {
+        repair::Settle::Settled { .. } => {
+            println!("settled step `{step}` of biz `{biz}` key `{key}`: the next call goes on from it");
+            Ended::Done
+        }
+        repair::Settle::NotFound => not_found(store, id),
+        repair::Settle::NotUnknown { unknown } if unknown.is_empty() => Ended::No(format!(
+            "biz `{biz}` key `{key}` has no effect of unknown outcome: nothing to settle (`idem show {biz} {key}`)"
+        )),
+        repair::Settle::NotUnknown { unknown } => Ended::No(format!(
+            "step `{step}` of biz `{biz}` key `{key}` is not of unknown outcome; these are: {}",
+            unknown.join(", ")
+        )),
+        repair::Settle::StillHolding => Ended::No(format!(
+            "the call that found the outcome of biz `{biz}` key `{key}` unknown is still holding its record; try again in a moment"
+        )),
+        other => Ended::Failed(format!("settling came to {other:?}")),
+    })
 }
 
 async fn show(store: &Store, id: &RecordId, json: bool) -> Outcome {

@@ -88,6 +88,43 @@ pub fn print_records(records: &[Record], json: bool) {
     println!("{} records", records.len());
 }
 
+/// Records whose outcome is unknown: biz, key, the step, its effect key and since
+/// when; or a JSON array of objects with those fields.
+pub fn print_unsettled(records: &[Record], json: bool) {
+    let rows: Vec<_> = records
+        .iter()
+        .filter_map(|record| Some((record, idem_runtime::unknown::unsettled(record)?)))
+        .collect();
+    if json {
+        let rows = rows.iter().map(|(record, intent)| {
+            json!({
+                "biz": record.biz,
+                "key": record.key,
+                "step": intent.step,
+                "effect_key": intent.effect_key,
+                "attempt": intent.attempt,
+                "since": instant(intent.since()),
+            })
+        });
+        println!("{}", Value::Array(rows.collect()));
+        return;
+    }
+    let mut table = Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    table.set_header(["biz", "key", "step", "effect key", "since"]);
+    for (record, intent) in &rows {
+        table.add_row([
+            record.biz.clone(),
+            record.key.clone(),
+            intent.step.clone(),
+            intent.effect_key.clone(),
+            format!("{} ({})", instant(intent.since()), from_now(intent.since())),
+        ]);
+    }
+    println!("{table}");
+    println!("{} unsettled", rows.len());
+}
+
 /// One record, every field in full: as `name  value` lines, or as a JSON array of one.
 pub fn print_record(record: &Record, json: bool) {
     if json {

@@ -139,6 +139,15 @@ impl Store {
         on_sql!(self, store => store.failed(biz, limit).await, "failed")
     }
 
+    pub async fn unsettled(&self, biz: Option<&str>, limit: u32) -> Result<Vec<Record>, StoreError> {
+        match self {
+            Store::Sqlite(store) => store.unsettled(biz, limit).await,
+            Store::Postgres(store) => store.unsettled(biz, limit).await,
+            Store::MySql(store) => store.unsettled(biz, limit).await,
+            Store::Redis(store) => store.unsettled(biz, limit).await,
+        }
+    }
+
     pub async fn forget_failed(&self, biz: &str, key: &str) -> Result<bool, StoreError> {
         on_sql!(self, store => store.forget_failed(biz, key).await, "retry-failed")
     }

@@ -28,6 +28,11 @@ pub enum Problem {
     /// retry with the key gets this until the operation's `ttl` ends the record: ask for
     /// the outcome another way, or send a new key to run the request again.
     NotReplayable,
+    /// 409: the first request with this key started an effect whose outcome is
+    /// unknown (its process died, or the other side never answered), and its step
+    /// fails closed: nothing runs it again until an operator settles it. Every retry
+    /// with the key gets this; it is neither a replay nor a new run.
+    OutcomeUnknown,
     /// 413: the request body is larger than the layer buffers.
     BodyTooLarge,
     /// 400: the request body could not be read.
@@ -47,7 +52,7 @@ impl Problem {
             Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => StatusCode::BAD_REQUEST,
             Problem::CallerUnknown => StatusCode::UNAUTHORIZED,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Problem::InProgress | Problem::NotReplayable => StatusCode::CONFLICT,
+            Problem::InProgress | Problem::NotReplayable | Problem::OutcomeUnknown => StatusCode::CONFLICT,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::NotRecorded | Problem::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
@@ -63,6 +68,7 @@ impl Problem {
             Problem::NotReplayable => "urn:idem:problem:response-not-replayable",
             Problem::KeyReused => "urn:idem:problem:idempotency-key-reused",
             Problem::InProgress => "urn:idem:problem:request-in-progress",
+            Problem::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
             Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
             Problem::BodyUnreadable => "urn:idem:problem:body-unreadable",
             Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
@@ -80,6 +86,7 @@ impl Problem {
             Problem::NotReplayable => "The first response to this Idempotency-Key cannot be replayed",
             Problem::KeyReused => "Idempotency-Key is already used for another request",
             Problem::InProgress => "A request with this Idempotency-Key is being processed",
+            Problem::OutcomeUnknown => "The outcome of the request with this Idempotency-Key is unknown",
             Problem::BodyTooLarge => "Request body is too large",
             Problem::BodyUnreadable => "Request body could not be read",
             Problem::StoreUnavailable => "Idempotency store is unavailable",
@@ -105,6 +112,11 @@ impl Problem {
                 "the first request with this Idempotency-Key was processed, and its response was streamed or too \
                  large to keep; it is not run again: ask for its outcome another way, or send a new key to run \
                  it again"
+            }
+            Problem::OutcomeUnknown => {
+                "the first request with this Idempotency-Key may have taken effect, and whether it did is \
+                 being found out; it is not run again. Do not send it again under a new key: retry this one \
+                 later, or ask for its outcome another way"
             }
             Problem::BodyTooLarge => "the request body is too large",
             Problem::BodyUnreadable => "the request body could not be read",

@@ -328,6 +328,7 @@ impl Settings {
             Error::InProgress { .. } => Problem::InProgress,
             Error::PayloadMismatch { .. } => Problem::KeyReused,
             Error::InvalidKey { .. } => Problem::KeyMalformed,
+            Error::OutcomeUnknown { .. } => Problem::OutcomeUnknown,
             _ if ran => Problem::NotRecorded,
             Error::Store { .. } => Problem::StoreUnavailable,
             _ => Problem::Misconfigured,

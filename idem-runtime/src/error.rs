@@ -132,6 +132,30 @@ pub enum Error {
         /// The refused write: `complete`, `fail` or `release`.
         operation: &'static str,
     },
+    /// An effect of this call may have happened and nobody could tell: its holder died
+    /// (or its request went unanswered) after the effect started, and the step's policy
+    /// says to fail closed, or its lookup could not tell. The record stays unsettled —
+    /// every duplicate gets this error, nothing runs the effect again — until an
+    /// operator settles it (`idem settle`, [`repair::settle`](crate::repair::settle)).
+    #[error(
+        "the outcome of {} of biz `{biz}` key `{key}` is unknown (effect key `{effect_key}`): it may have \
+         happened, so it is not run again; find out from the other side, then settle it \
+         (`idem settle {biz} {key}{} --value JSON` or `--not-done`)",
+        step.as_deref().map_or("the body".to_owned(), |step| format!("step `{step}`")),
+        step.as_deref().map_or(String::new(), |step| format!(" {step}"))
+    )]
+    OutcomeUnknown {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+        /// The step whose outcome is unknown; `None` for the whole body.
+        step: Option<String>,
+        /// The key the effect was sent with ([`Context::effect_key`](crate::Context::effect_key)).
+        effect_key: String,
+        /// When the effect's intent was recorded.
+        since: std::time::SystemTime,
+    },
     /// The store could not be reached or answered with an error. If this happened on
     /// claim, the body did not run (fail closed).
     #[error("store failed to {operation} biz `{biz}` key `{key}`")]

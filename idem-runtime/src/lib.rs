@@ -52,6 +52,7 @@ mod store;
 pub mod sweeper;
 mod tiered;
 pub mod token;
+pub mod unknown;
 
 #[doc(hidden)]
 pub mod __private;
@@ -72,9 +73,10 @@ pub use key::{MAX_BIZ_CHARS, MAX_KEY_BYTES, TOKEN_NAMESPACE};
 pub use memory::MemoryStore;
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
-pub use step::step;
+pub use step::{step, Step};
 pub use store::{IdempotencyStore, OwnedStore};
 #[cfg(feature = "sweeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sweeper")))]
 pub use sweeper::Sweeper;
 pub use tiered::TieredStore;
+pub use unknown::{Intent, Lookup};

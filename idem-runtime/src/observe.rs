@@ -4,15 +4,17 @@
 //!
 //! Levels: a healthy call logs nothing above `DEBUG` (the span, the claim, the replay,
 //! a wait, an in-progress answer); `INFO` for what a client did wrong (a payload
-//! mismatch) and for a takeover (a holder died or stalled); `WARN` for lost leases and
-//! store failures.
+//! mismatch) and for a takeover (a holder died or stalled); `WARN` for lost leases,
+//! store failures and an effect whose outcome is unknown.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`), `in_progress`, `payload_mismatch`, `previous_failed`, `store_error`, `invalid` |
+//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`), `in_progress`, `payload_mismatch`, `previous_failed`, `outcome_unknown` (a duplicate of an unsettled record, or a call that failed closed), `store_error`, `invalid` |
 //! | `idem_waits_total` | counter | `biz`: duplicates that waited for a running call |
 //! | `idem_takeovers_total` | counter | `biz`: claims that took a record over after its lease |
 //! | `idem_lease_lost_total` | counter | `biz`: holders whose outcome was refused by the fence |
+//! | `idem_outcome_unknown_total` | counter | `biz`: effects whose outcome was unknown and that failed closed (each leaves a record to settle) |
+//! | `idem_reconciled_total` | counter | `biz`, `found` (`done`, `not_done`): lookups that settled an unknown outcome |
 //! | `idem_store_errors_total` | counter | `biz`, `operation` (`claim`, `get`, `renew`, `complete`, `fail`, `release`) |
 //! | `idem_claim_seconds` | histogram | `biz`: from the first claim statement to the key held or answered |
 //! | `idem_body_seconds` | histogram | `biz`: the body's run |
@@ -61,6 +63,7 @@ pub(crate) enum Outcome {
     InProgress,
     PayloadMismatch,
     PreviousFailed,
+    Unknown,
     StoreError,
     Invalid,
 }
@@ -75,6 +78,7 @@ impl Outcome {
             Outcome::InProgress => "in_progress",
             Outcome::PayloadMismatch => "payload_mismatch",
             Outcome::PreviousFailed => "previous_failed",
+            Outcome::Unknown => "outcome_unknown",
             Outcome::StoreError => "store_error",
             Outcome::Invalid => "invalid",
         }
@@ -87,6 +91,7 @@ impl Outcome {
             Error::InProgress { .. } => Outcome::InProgress,
             Error::PayloadMismatch { .. } => Outcome::PayloadMismatch,
             Error::PreviousFailed { .. } => Outcome::PreviousFailed,
+            Error::OutcomeUnknown { .. } => Outcome::Unknown,
             Error::Store { .. } | Error::Decode { .. } => Outcome::StoreError,
             _ => Outcome::Invalid,
         }
@@ -185,4 +190,25 @@ pub(crate) fn lease_lost(biz: &Biz) {
         metrics::counter!("idem_lease_lost_total", "biz" => biz.clone()).increment(1);
     }
     let _ = biz;
+}
+
+/// An effect's outcome is unknown, and its call failed closed: a record waits to be
+/// settled.
+pub(crate) fn outcome_unknown(biz: &str, step: &str, effect_key: &str) {
+    tracing::warn!(target: "idem", biz, step, effect_key,
+        "idem: the effect's outcome is unknown; the record waits to be settled (idem unknown, idem settle)"
+    );
+    #[cfg(feature = "metrics")]
+    if recording() {
+        metrics::counter!("idem_outcome_unknown_total", "biz" => biz.to_owned()).increment(1);
+    }
+}
+
+/// A lookup settled an effect whose outcome was unknown: `found` is `done` or `not_done`.
+pub(crate) fn reconciled(biz: &str, found: &'static str) {
+    tracing::info!(target: "idem", biz, found, "idem: reconciled an effect whose outcome was unknown");
+    #[cfg(feature = "metrics")]
+    if recording() {
+        metrics::counter!("idem_reconciled_total", "biz" => biz.to_owned(), "found" => found).increment(1);
+    }
 }

@@ -1,4 +1,5 @@
-//! An operator's repairs: freeing a claim whose holder is gone.
+//! An operator's repairs: freeing a claim whose holder is gone, settling an effect
+//! whose outcome was unknown.
 //!
 //! A `PROCESSING` record whose lease still runs belongs to a body that is running (its
 //! heartbeat keeps renewing the lease): freeing it would let the next call run the body
@@ -15,6 +16,7 @@ use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::error::StoreError;
 use crate::record::{Record, Status};
 use crate::store::IdempotencyStore;
+use crate::unknown::{Entry, UNSETTLED_LEASE};
 
 /// How long the lease of a release's own takeover lasts: only until its release, which
 /// follows at once (if that fails, the claim lapses again after this long).
@@ -149,4 +151,137 @@ async fn release_held(store: &dyn IdempotencyStore, lease: &Lease) -> Result<(),
             lease.biz, lease.key
         ))),
     }
+}
+
+/// What an operator found out about an effect whose outcome was unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// It happened, with this value (the JSON of the step's `Ok` value): the next call
+    /// returns it from the step without running the effect.
+    Done(String),
+    /// It did not happen: the next call runs the effect.
+    NotDone,
+}
+
+/// What settling came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Settle {
+    /// Settled: the next call takes the record over and goes on from there.
+    Settled {
+        /// The fence the unsettled record was held under.
+        fence: u64,
+    },
+    /// No record of the key.
+    NotFound,
+    /// The record holds no unknown outcome of that step (its steps' names, as
+    /// recorded, say which it has). Nothing was changed.
+    NotUnknown {
+        /// The steps whose outcome is unknown in this record (none, or others).
+        unknown: Vec<String>,
+    },
+    /// The call that found the outcome unknown is still holding the record for good
+    /// (a moment's work); nothing was changed. Try again.
+    StillHolding,
+}
+
+/// Settle the unknown outcome of step `step` of `(biz, key)`: what `idem settle` does.
+///
+/// The record is the one a step that failed closed left, held so that no call takes it
+/// over ([`crate::Error::OutcomeUnknown`] to every duplicate). Its step's entry becomes
+/// `settlement`'s value (or is taken away, for [`Settlement::NotDone`]) and the record
+/// is freed, fenced like every write, so that the next call takes it over: the settled
+/// step returns its value without running, or runs.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::{repair, Error, Idempotent, IdempotencyStore, MemoryStore, Step};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = Arc::new(MemoryStore::new());
+/// let pay = Idempotent::new("pay").store(store.clone());
+/// # #[derive(Debug)] enum PayError { Timeout, Idem(Error) }
+/// # impl From<Error> for PayError { fn from(e: Error) -> Self { PayError::Idem(e) } }
+/// let charge = |answer: Result<u32, PayError>| async {
+///     // The bank timed out: nobody knows whether it charged.
+///     Step::new("charge").fail_closed().run(async { answer }).await
+/// };
+/// let unknown = |outcome| matches!(outcome, Err(PayError::Idem(Error::OutcomeUnknown { .. })));
+/// assert!(unknown(pay.execute("order-7", charge(Err(PayError::Timeout))).await));
+/// // Every duplicate gets the same error; the bank is not asked again.
+/// assert!(unknown(pay.execute("order-7", charge(Ok(1))).await));
+/// // The bank says it charged 199: the next call gets that, and does not charge.
+/// let settled = repair::settle(&*store, "pay", "order-7", "charge", repair::Settlement::Done("199".into())).await?;
+/// assert!(matches!(settled, repair::Settle::Settled { .. }));
+/// assert_eq!(pay.execute("order-7", charge(Ok(1))).await.unwrap(), 199);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// The store's, when it cannot be read or written, or when the record changed while it
+/// was being settled; an error naming the value when it is not JSON.
+pub async fn settle(
+    store: &dyn IdempotencyStore,
+    biz: &str,
+    key: &str,
+    step: &str,
+    settlement: Settlement,
+) -> Result<Settle, StoreError> {
+    let Some(record) = store.get(biz, key).await? else {
+        return Ok(Settle::NotFound);
+    };
+    let mut steps: std::collections::BTreeMap<String, String> = match record.steps.as_deref() {
+        Some(json) if record.status == Status::Processing => serde_json::from_str(json).map_err(|e| {
+            StoreError::new(format!(
+                "the steps of biz `{biz}` key `{key}` are not a JSON object: {e}"
+            ))
+        })?,
+        _ => Default::default(),
+    };
+    let unknown: Vec<String> = steps
+        .iter()
+        .filter(|(_, entry)| matches!(Entry::read(entry), Entry::Unknown(_)))
+        .map(|(name, _)| name.clone())
+        .collect();
+    if !unknown.iter().any(|name| name == step) {
+        return Ok(Settle::NotUnknown { unknown });
+    }
+    // Held for good, or lapsed (its holder died before holding it): settle. A lease that
+    // runs as leases do is the failing call's, about to hold it for good.
+    let now = SystemTime::now();
+    if record
+        .lease_until
+        .is_some_and(|until| until > now && until < now + UNSETTLED_LEASE / 2)
+    {
+        return Ok(Settle::StillHolding);
+    }
+    match settlement {
+        Settlement::Done(json) => {
+            serde_json::from_str::<serde_json::Value>(&json).map_err(|e| {
+                StoreError::new(format!(
+                    "the settled value of step `{step}` is not JSON ({e}): give the step's value as JSON, e.g. '{{\"id\":\"ch_1\"}}' or '199'"
+                ))
+            })?;
+            steps.insert(step.to_owned(), json);
+        }
+        Settlement::NotDone => {
+            steps.remove(step);
+        }
+    }
+    let lease = Lease::of(&record);
+    let json = serde_json::to_string(&steps).expect("a map of strings");
+    match store.record_steps(&lease, &json).await? {
+        FenceCheck::Held => {}
+        FenceCheck::Lost => return Err(changed(biz, key)),
+    }
+    // The record keeps its steps: the release lets its lease lapse at once.
+    release_held(store, &lease).await?;
+    Ok(Settle::Settled { fence: record.fence })
+}
+
+fn changed(biz: &str, key: &str) -> StoreError {
+    StoreError::new(format!(
+        "biz `{biz}` key `{key}` changed while it was being settled; read it again (`idem show`)"
+    ))
 }

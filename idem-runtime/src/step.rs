@@ -20,11 +20,16 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+use std::time::Duration;
+
 use crate::claim::{FenceCheck, Lease};
-use crate::context::context;
+use crate::clock;
+use crate::context::{context, Context};
 use crate::error::{Error, StoreError};
+use crate::observe;
 use crate::replay::encode;
 use crate::store::IdempotencyStore;
+use crate::unknown::{Entry, Intent, Lookup, BODY, UNRECORDABLE};
 
 /// How often a finished step's value is offered to the store before the step fails:
 /// its effect has happened, and an unrecorded step runs again on the next attempt.
@@ -36,6 +41,8 @@ const RECORD_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 pub(crate) struct StepLog {
     store: Arc<dyn IdempotencyStore>,
     lease: Lease,
+    /// The lease's length as the holder counts it: how long a lookup is retried.
+    lease_for: Duration,
     state: Mutex<StepState>,
 }
 
@@ -45,15 +52,24 @@ struct StepState {
     recorded: Option<BTreeMap<String, String>>,
     /// The names this call has used.
     used: HashSet<String>,
+    /// An effect of this call whose outcome is unknown: the record is to stay unsettled.
+    unknown: Option<Intent>,
 }
 
 impl StepLog {
-    pub(crate) fn new(store: Arc<dyn IdempotencyStore>, lease: Lease) -> Self {
+    pub(crate) fn new(store: Arc<dyn IdempotencyStore>, lease: Lease, lease_for: Duration) -> Self {
         Self {
             store,
             lease,
+            lease_for,
             state: Mutex::default(),
         }
+    }
+
+    /// The effect whose outcome a step of this call found unknown, if one did: the call
+    /// then leaves its record unsettled, whatever its body returned.
+    pub(crate) async fn unknown(&self) -> Option<Intent> {
+        self.state.lock().await.unknown.clone()
     }
 
     /// The error `make` builds from the call's biz and key.
@@ -107,8 +123,14 @@ impl StepLog {
     }
 
     /// Take `name` for this call and say what an earlier attempt recorded for it.
-    async fn begin(&self, name: &str) -> Result<Option<String>, Error> {
+    async fn begin(&self, name: &str) -> Result<Option<Entry>, Error> {
         let mut state = self.state.lock().await;
+        if name == BODY {
+            return Err(Error::InvalidStep {
+                step: String::new(),
+                reason: "a step needs a name (the empty name stands for the whole body)".to_owned(),
+            });
+        }
         if !state.used.insert(name.to_owned()) {
             return Err(Error::InvalidStep {
                 step: name.to_owned(),
@@ -122,7 +144,11 @@ impl StepLog {
         if state.recorded.is_none() {
             state.recorded = Some(self.read().await?);
         }
-        Ok(state.recorded.as_ref().and_then(|steps| steps.get(name).cloned()))
+        Ok(state
+            .recorded
+            .as_ref()
+            .and_then(|steps| steps.get(name))
+            .map(|entry| Entry::read(entry)))
     }
 
     /// The steps recorded in this life of the record, if this call still holds it.
@@ -143,9 +169,40 @@ impl StepLog {
 
     /// Record `value` (JSON) as the outcome of step `name`.
     async fn finish(&self, name: &str, value: String) -> Result<(), Error> {
+        self.write(name, Some(value)).await
+    }
+
+    /// Record that step `name`'s effect is about to start.
+    async fn intend(&self, intent: &Intent) -> Result<(), Error> {
+        self.write(&intent.step, Some(Entry::intended(intent))).await
+    }
+
+    /// Take step `name`'s intent back: its effect did not happen.
+    async fn forget(&self, name: &str) -> Result<(), Error> {
+        self.write(name, None).await
+    }
+
+    /// Record that `intent`'s outcome is unknown, and fail closed: the call leaves its
+    /// record unsettled. The error, when the record says so.
+    async fn fail_closed(&self, intent: Intent) -> Error {
+        if let Err(error) = self.write(&intent.step, Some(Entry::unknown(&intent))).await {
+            // Not recorded: the intent stays, and the next attempt decides again.
+            return error;
+        }
+        let error = unknown_error(&self.lease, &intent);
+        observe::outcome_unknown(&self.lease.biz, &intent.step, &intent.effect_key);
+        self.state.lock().await.unknown = Some(intent);
+        error
+    }
+
+    /// Write step `name`'s entry (`None`: remove it) into the recorded steps.
+    async fn write(&self, name: &str, entry: Option<String>) -> Result<(), Error> {
         let mut state = self.state.lock().await;
         let mut steps = state.recorded.clone().unwrap_or_default();
-        steps.insert(name.to_owned(), value);
+        match entry {
+            Some(value) => steps.insert(name.to_owned(), value),
+            None => steps.remove(name),
+        };
         let json = serde_json::to_string(&steps).map_err(|e| self.unencodable("steps", e))?;
         let mut attempt = 1;
         loop {
@@ -218,36 +275,259 @@ where
     E: From<Error>,
     F: Future<Output = Result<T, E>>,
 {
-    let (context, log) = log_of(name)?;
-    let recorded = log.begin(name).await?;
-    if let Some(json) = recorded {
-        if let Some(reason) = json.strip_prefix(UNRECORDABLE) {
-            return Err(log.ran_unrecorded(name, reason).into());
-        }
-        return serde_json::from_str(&json).map_err(|source| log.undecodable(source).into());
-    }
-    // The heartbeat learned that the key was taken over: the new holder runs this step;
-    // running its effect here too would do it twice.
-    if !context.lease_held() {
-        return Err(log.lost().into());
-    }
-    let value = effect.await?;
-    match encode(&value) {
-        Ok(json) => log.finish(name, json).await?,
-        Err(error) => {
-            // The effect happened and its value cannot be kept: record that it ran, so
-            // the next attempt fails instead of running it again.
-            log.finish(name, format!("{UNRECORDABLE}{error}")).await?;
-            return Err(log.unencodable("step value", error).into());
-        }
-    }
-    Ok(value)
+    Step::new(name).run(effect).await
 }
 
-/// What a step's entry starts with when its effect ran and its value could not be
-/// recorded (NaN, ±∞, a map with non-string keys, …), followed by why. No JSON text
-/// starts with `!`, so it is never taken for a value.
-const UNRECORDABLE: &str = "!unrecordable: ";
+/// A lookup, type-erased: the effect's value if it happened, or why it could not tell.
+type LookupFn<'a, T> = Box<dyn Fn(Intent) -> BoxFuture<'a, Result<Lookup<T>, String>> + Send + Sync + 'a>;
+type BoxFuture<'a, T> = std::pin::Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a step does when it finds its effect begun but not finished.
+enum OnUnknown<'a, T> {
+    /// Run the effect again (the downstream deduplicates by the effect key).
+    Rerun,
+    /// Ask the lookup.
+    Reconcile(LookupFn<'a, T>),
+    /// Fail with [`Error::OutcomeUnknown`] and leave the record unsettled.
+    FailClosed,
+}
+
+/// A step with a declared policy for an unknown outcome: [`step`] with options.
+///
+/// [`step`] runs an effect again when an earlier attempt started it and died before
+/// recording its value — right only when the other side deduplicates by
+/// [`Context::effect_key`](crate::Context::effect_key). A `Step` that declares
+/// [`reconcile`](Self::reconcile) or [`fail_closed`](Self::fail_closed) first records
+/// its [`Intent`] with the record (one fenced write), then starts the effect; an attempt
+/// that finds the intent without a value asks the lookup, or fails closed, and never
+/// runs the effect blindly. An effect that returns an error that may mean "it happened
+/// and the answer was lost" (a timeout, a reset connection; by default *every* error,
+/// narrowed with [`ambiguous_if`](Self::ambiguous_if)) is treated the same way at once,
+/// in the same call.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::{context, Idempotent, Lookup, MemoryStore, Step};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idem_runtime::Error> {
+/// let pay = Idempotent::new("pay").store(Arc::new(MemoryStore::new()));
+/// let charged: u32 = pay
+///     .execute("order-7", async {
+///         let reference = context().expect("inside the call").effect_key("charge");
+///         Step::new("charge")
+///             // Asked only when an earlier attempt may have charged: did the bank
+///             // charge this reference?
+///             .reconcile(|intent| async move {
+///                 let _ = intent.effect_key; // look it up at the bank
+///                 Ok::<_, std::io::Error>(Lookup::NotDone)
+///             })
+///             .run(async move {
+///                 let _ = reference; // send the charge with it
+///                 Ok::<_, idem_runtime::Error>(199)
+///             })
+///             .await
+///     })
+///     .await?;
+/// assert_eq!(charged, 199);
+/// # Ok(()) }
+/// ```
+pub struct Step<'a, T, E> {
+    name: &'a str,
+    on_unknown: OnUnknown<'a, T>,
+    ambiguous: Box<dyn Fn(&E) -> bool + Send + Sync + 'a>,
+}
+
+impl<T, E> std::fmt::Debug for Step<'_, T, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let policy = match self.on_unknown {
+            OnUnknown::Rerun => "rerun",
+            OnUnknown::Reconcile(_) => "reconcile",
+            OnUnknown::FailClosed => "fail closed",
+        };
+        f.debug_struct("Step")
+            .field("name", &self.name)
+            .field("on_unknown", &policy)
+            .finish()
+    }
+}
+
+impl<'a, T, E> Step<'a, T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    /// The step `name`, unique within a call; without a policy it behaves as [`step`]
+    /// (the effect runs again when its outcome is unknown).
+    pub fn new(name: &'a str) -> Self {
+        Self {
+            name,
+            on_unknown: OnUnknown::Rerun,
+            ambiguous: Box::new(|_| true),
+        }
+    }
+
+    /// When the effect may have happened (an earlier attempt started it and died, or it
+    /// returned an [ambiguous](Self::ambiguous_if) error), ask `lookup`: it gets the
+    /// [`Intent`] (the effect key the request carried) and answers [`Lookup::Done`]
+    /// (recorded and returned, the effect not run), [`Lookup::NotDone`] (the effect
+    /// runs) or [`Lookup::CannotTell`] (fail closed). A lookup that returns `Err` is
+    /// tried again, pausing 50 ms and doubling up to 2 s, for as long as the lease
+    /// (then the step fails closed); it runs only while this call holds the key.
+    pub fn reconcile<F, Fut, LE>(mut self, lookup: F) -> Self
+    where
+        F: Fn(Intent) -> Fut + Send + Sync + 'a,
+        Fut: Future<Output = Result<Lookup<T>, LE>> + Send + 'a,
+        LE: std::fmt::Display,
+    {
+        self.on_unknown = OnUnknown::Reconcile(Box::new(move |intent| {
+            let found = lookup(intent);
+            Box::pin(async move { found.await.map_err(|error| error.to_string()) })
+        }));
+        self
+    }
+
+    /// When the effect may have happened, fail with [`Error::OutcomeUnknown`] and leave
+    /// the record unsettled: every duplicate gets the same error, and nothing runs the
+    /// effect, until an operator settles it (`idem settle`).
+    pub fn fail_closed(mut self) -> Self {
+        self.on_unknown = OnUnknown::FailClosed;
+        self
+    }
+
+    /// Which of the effect's errors leave its outcome unknown (a timeout, a connection
+    /// reset after the request was sent). Without it, every error does: a step with a
+    /// policy never takes an error for "it did not happen" unless told so. An error
+    /// this says is definite is returned, and the intent is taken back, so the next
+    /// attempt runs the effect.
+    pub fn ambiguous_if(mut self, ambiguous: impl Fn(&E) -> bool + Send + Sync + 'a) -> Self {
+        self.ambiguous = Box::new(ambiguous);
+        self
+    }
+
+    /// Run `effect` once per life of the call's record, under this step's policy.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`step`], and [`Error::OutcomeUnknown`] when the step fails closed.
+    pub async fn run<F>(self, effect: F) -> Result<T, E>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        let (context, log) = log_of(self.name)?;
+        let name = self.name;
+        let declared = !matches!(self.on_unknown, OnUnknown::Rerun);
+        let mut attempt = 1;
+        match log.begin(name).await? {
+            None => {}
+            Some(Entry::Value(json)) => {
+                return serde_json::from_str(&json).map_err(|source| log.undecodable(source).into());
+            }
+            Some(Entry::Unrecordable(reason)) => return Err(log.ran_unrecorded(name, &reason).into()),
+            Some(Entry::Unknown(intent)) => return Err(log.fail_closed(intent).await.into()),
+            Some(Entry::Intended(intent)) => {
+                attempt = intent.attempt + 1;
+                if let Some(value) = self.settle(&log, &context, intent).await? {
+                    return Ok(value);
+                }
+            }
+        }
+        // The heartbeat learned that the key was taken over: the new holder runs this step;
+        // running its effect here too would do it twice.
+        if !context.lease_held() {
+            return Err(log.lost().into());
+        }
+        let intent = Intent::new(name, context.effect_key(name), attempt, clock::now());
+        if declared {
+            log.intend(&intent).await?;
+        }
+        let value = match effect.await {
+            Ok(value) => value,
+            Err(error) if declared && (self.ambiguous)(&error) => {
+                tracing::warn!(target: "idem", biz = %context.biz(), key = %context.key(), step = name,
+                    "the step's effect returned an error that leaves its outcome unknown; reconciling");
+                return match self.settle(&log, &context, intent).await? {
+                    Some(value) => Ok(value),
+                    // It did not happen: the intent is taken back with the error.
+                    None => {
+                        log.forget(name).await?;
+                        Err(error)
+                    }
+                };
+            }
+            Err(error) => {
+                if declared {
+                    log.forget(name).await?;
+                }
+                return Err(error);
+            }
+        };
+        match encode(&value) {
+            Ok(json) => log.finish(name, json).await?,
+            Err(error) => {
+                // The effect happened and its value cannot be kept: record that it ran, so
+                // the next attempt fails instead of running it again.
+                log.finish(name, format!("{UNRECORDABLE}{error}")).await?;
+                return Err(log.unencodable("step value", error).into());
+            }
+        }
+        Ok(value)
+    }
+
+    /// `intent`'s effect may have happened: the value it had, recorded (`Some`), or
+    /// `None` when the effect is to run (again) — or the error that fails closed.
+    async fn settle(&self, log: &StepLog, context: &Context, intent: Intent) -> Result<Option<T>, Error> {
+        let lookup = match &self.on_unknown {
+            OnUnknown::Rerun => return Ok(None),
+            OnUnknown::FailClosed => return Err(log.fail_closed(intent).await),
+            OnUnknown::Reconcile(lookup) => lookup,
+        };
+        let deadline = std::time::Instant::now() + log.lease_for;
+        let mut pause = LOOKUP_FIRST_PAUSE;
+        loop {
+            // Never beside a live holder: only while this call holds the key.
+            if !context.lease_held() {
+                return Err(log.lost());
+            }
+            let why = match lookup(intent.clone()).await {
+                Ok(Lookup::Done(value)) => {
+                    let json = encode(&value).map_err(|error| log.unencodable("step value", error))?;
+                    log.finish(&intent.step, json).await?;
+                    observe::reconciled(&log.lease.biz, "done");
+                    return Ok(Some(value));
+                }
+                Ok(Lookup::NotDone) => {
+                    observe::reconciled(&log.lease.biz, "not_done");
+                    return Ok(None);
+                }
+                Ok(Lookup::CannotTell) => None,
+                Err(error) => Some(error),
+            };
+            let Some(error) = why.filter(|_| std::time::Instant::now() + pause <= deadline) else {
+                tracing::warn!(target: "idem", biz = %log.lease.biz, key = %log.lease.key, step = %intent.step,
+                    "could not reconcile the step's effect; failing closed");
+                return Err(log.fail_closed(intent).await);
+            };
+            tracing::debug!(target: "idem", step = %intent.step, %error, "the lookup failed; trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LOOKUP_LONGEST_PAUSE);
+        }
+    }
+}
+
+/// Retrying a lookup that failed: first and longest pause.
+const LOOKUP_FIRST_PAUSE: Duration = Duration::from_millis(50);
+const LOOKUP_LONGEST_PAUSE: Duration = Duration::from_secs(2);
+
+/// The error of a call whose `intent`'s outcome is unknown.
+pub(crate) fn unknown_error(lease: &Lease, intent: &Intent) -> Error {
+    Error::OutcomeUnknown {
+        biz: lease.biz.clone(),
+        key: lease.key.clone(),
+        step: (intent.step != BODY).then(|| intent.step.clone()),
+        effect_key: intent.effect_key.clone(),
+        since: intent.since(),
+    }
+}
 
 /// The context and step log of the call whose body runs on this task, or why `name`
 /// cannot run.

@@ -201,6 +201,69 @@ impl RedisStore {
         }
     }
 
+    /// One page of the records' keys on `primary`, from `cursor`: the next cursor (0
+    /// at the end) and the keys.
+    async fn scan(
+        &self,
+        primary: &crate::connection::Primary,
+        cursor: u64,
+        operation: &str,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        let cmd = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}*", glob_escaped(&self.prefix)))
+            .arg("COUNT")
+            .arg(500)
+            .clone();
+        self.conn
+            .query_on(primary, &cmd)
+            .await
+            .map_err(|e| failed(operation, e))
+    }
+
+    /// Records whose outcome is unknown (of `biz`, or of any), at most `limit`: held by
+    /// a step that failed closed until an operator settles them (`idem unknown`).
+    /// Walks the records with `SCAN`, as the purge does.
+    pub async fn unsettled(&self, biz: Option<&str>, limit: u32) -> Result<Vec<Record>, StoreError> {
+        let mut found = Vec::new();
+        for primary in self.conn.primaries().await.map_err(|e| failed("unsettled (scan)", e))? {
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys) = self.scan(&primary, cursor, "unsettled (scan)").await?;
+                for (record_biz, key) in keys.iter().filter_map(|k| self.record_id(k)) {
+                    if biz.is_some_and(|biz| biz != record_biz) {
+                        continue;
+                    }
+                    if let Some(record) = self.get(record_biz, key).await? {
+                        if idem_runtime::unknown::unsettled(&record).is_some() {
+                            found.push(record);
+                        }
+                    }
+                }
+                if next == 0 || found.len() >= limit as usize {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        found.sort_by_key(|record| record.created_at);
+        found.truncate(limit as usize);
+        Ok(found)
+    }
+
+    /// The `(biz, key)` of a record's key (the inverse of [`record_key`](Self::record_key)).
+    fn record_id<'k>(&self, record_key: &'k str) -> Option<(&'k str, &'k str)> {
+        let inner = record_key
+            .strip_prefix(&*self.prefix)?
+            .strip_prefix('{')?
+            .strip_suffix('}')?;
+        let (length, rest) = inner.split_once(':')?;
+        let length: usize = length.parse().ok()?;
+        let (biz, key) = (rest.get(..length)?, rest.get(length..)?.strip_prefix(':')?);
+        Some((biz, key))
+    }
+
     /// The key of the record `(biz, key)`: `{prefix}{<length of biz>:<biz>:<key>}` —
     /// `idem:{3:pay:order-7}`. The length keeps every biz and key apart (`a:b` + `c` is
     /// not `a` + `b:c`); the braces are the cluster hash tag, so whatever key a record
@@ -368,20 +431,11 @@ impl IdempotencyStore for RedisStore {
     /// that expired, a script per key. Redis also deletes each record by itself
     /// [`keep_expired`](RedisStore::keep_expired) after it expires.
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let pattern = format!("{}*", glob_escaped(&self.prefix));
-        let scan = |e| failed("purge (scan)", e);
         let mut purged = 0;
-        for primary in self.conn.primaries().await.map_err(scan)? {
+        for primary in self.conn.primaries().await.map_err(|e| failed("purge (scan)", e))? {
             let mut cursor = 0u64;
             loop {
-                let cmd = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(500)
-                    .clone();
-                let (next, keys): (u64, Vec<String>) = self.conn.query_on(&primary, &cmd).await.map_err(scan)?;
+                let (next, keys) = self.scan(&primary, cursor, "purge (scan)").await?;
                 for key in keys {
                     let mut invocation = PURGE.prepare_invoke();
                     invocation.key(&key).arg(self.caller_now(now));

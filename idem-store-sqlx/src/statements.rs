@@ -93,6 +93,7 @@ pub(crate) struct Statements {
     /// server's clock, microseconds from now, negative), now (none on a server's
     /// clock), biz, biz (`''` for every biz), limit.
     pub stuck: String,
+    pub unsettled: String,
     /// The oldest `PROCESSING` record that is not a form token, running or not. Binds:
     /// biz, biz.
     pub oldest_processing: String,
@@ -157,6 +158,11 @@ impl Statements {
                 "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= {after} \
                  AND (lease_until IS NULL OR lease_until <= {now}) AND {NOT_A_TOKEN} AND {OF_BIZ} \
                  ORDER BY created_at LIMIT ?"
+            )),
+            // The pattern only narrows the scan; `unknown::unsettled` decides.
+            unsettled: sql(format!(
+                "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND steps LIKE '%!unknown: %' \
+                 AND {OF_BIZ} ORDER BY created_at LIMIT ?"
             )),
             oldest_processing: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND {NOT_A_TOKEN} AND {OF_BIZ} \

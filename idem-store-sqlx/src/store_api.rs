@@ -33,6 +33,27 @@ macro_rules! impl_store_api {
                 self.list("stuck", query).await
             }
 
+            /// Records whose outcome is unknown, the oldest first: held by a step that
+            /// failed closed until an operator settles them (`idem unknown`,
+            /// [`repair::settle`](idem_runtime::repair::settle)). `biz` limits the list
+            /// to one biz.
+            pub async fn unsettled(
+                &self,
+                biz: Option<&str>,
+                limit: u32,
+            ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
+                let biz = biz.unwrap_or("");
+                let query = sqlx::query(&self.parts.sql.unsettled)
+                    .bind(biz)
+                    .bind(biz)
+                    .bind(i64::from(limit));
+                let records = self.list("unsettled", query).await?;
+                Ok(records
+                    .into_iter()
+                    .filter(|record| idem_runtime::unknown::unsettled(record).is_some())
+                    .collect())
+            }
+
             /// The oldest `PROCESSING` record (of `biz`, or of any), running or not;
             /// form tokens are not counted. For `idem stats`.
             pub async fn oldest_processing(

@@ -18,6 +18,8 @@ use crate::observe;
 use crate::policy::Mode;
 use crate::record::{Record, Status};
 use crate::replay::decode;
+use crate::step::unknown_error;
+use crate::unknown::unsettled;
 
 /// Reading a `Processing` record while waiting: first and longest pause.
 const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
@@ -93,6 +95,9 @@ impl Call<'_> {
             }
             if record.status != Status::Processing {
                 return self.answer_finished(record).map(Waited::Answered);
+            }
+            if let Some(intent) = unsettled(&record) {
+                return Err(unknown_error(&Lease::of(&record), &intent));
             }
             let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));

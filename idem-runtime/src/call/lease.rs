@@ -9,6 +9,8 @@ use crate::claim::{FenceCheck, Lease};
 use crate::clock;
 use crate::context::LeaseSignal;
 use crate::error::Error;
+use crate::step::unknown_error;
+use crate::unknown::{Intent, UNSETTLED_LEASE};
 
 /// After a failed renewal, the next try comes after this share of the beat: the lease
 /// still has two beats to run, so a store blip costs several tries, not the lease.
@@ -29,6 +31,23 @@ impl Call<'_> {
             Ok(FenceCheck::Lost) => Ok(false),
             Err(source) => Err(self.store_error("renew", source)),
         }
+    }
+
+    /// Hold `lease` for good: the record waits, unsettled, for an operator (the step
+    /// that found `intent`'s outcome unknown has recorded it). If the write fails, the
+    /// lease lapses as usual, and the call that takes the record over finds the unknown
+    /// outcome among the steps and fails closed again. The call's error.
+    pub(super) async fn leave_unsettled(&self, lease: &Lease, intent: &Intent) -> Error {
+        match self.store.renew(lease, clock::now(), UNSETTLED_LEASE).await {
+            Ok(FenceCheck::Held) => {}
+            // Taken over already (this holder stalled past its lease): the successor
+            // finds the unknown outcome among the steps, and fails closed too.
+            Ok(FenceCheck::Lost) => tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key,
+                "the unsettled record was taken over before it could be held"),
+            Err(source) => tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, error = %source,
+                "could not hold the unsettled record; the next call fails closed again once its lease lapses"),
+        }
+        unknown_error(lease, intent)
     }
 
     /// Run `body` while renewing `lease` every third of its length.

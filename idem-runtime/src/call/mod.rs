@@ -74,10 +74,17 @@ impl Call<'_> {
             }
         };
         let signal = Arc::new(LeaseSignal::default());
-        let steps = StepLog::new(self.store.to_owned_store(), lease.clone());
-        let context = Context::new(&lease, signal.clone(), Some(Arc::new(steps)));
+        let steps = Arc::new(StepLog::new(self.store.to_owned_store(), lease.clone(), self.op.lease));
+        let context = Context::new(&lease, signal.clone(), Some(steps.clone()));
         let running = Instant::now();
         let outcome = self.hold(&lease, &signal, context.scope(body)).await;
+        if let Some(intent) = steps.unknown().await {
+            // An effect's outcome is unknown: whatever the body made of it, the record
+            // stays unsettled, held so that no call takes it over.
+            let error = self.leave_unsettled(&lease, &intent).await;
+            observe::finished(biz, Outcome::Unknown, Some(running.elapsed()));
+            return Err(error.into());
+        }
         let (ran, kind) = (
             running.elapsed(),
             if outcome.is_ok() {

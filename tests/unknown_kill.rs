@@ -1,0 +1,444 @@
+//! Effects whose outcome is unknown, on every store: a worker is SIGKILLed between a
+//! step's effect (a charge at a bank that never deduplicates: one business row per
+//! request) and its record, and the retry must not charge again. With `reconcile` the
+//! retry asks the bank once and keeps the killed worker's charge; with `fail_closed`
+//! every call gets `Error::OutcomeUnknown` until an operator settles the record, after
+//! which the next call replays the settled value (or runs, for "not done"). A bank that
+//! charges and never answers (a timeout) is reconciled in the same call. Without a
+//! policy the retry charges twice: the window these policies close.
+//!
+//! The memory store lives in one process: there the holder "dies" as its task is
+//! aborted mid-effect, which drops its heartbeat as a kill does.
+
+use idem_testkit::conformance;
+use idem_testkit::harness;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{AppError, Effects};
+use idem::repair::{self, Settle, Settlement};
+use idem::{idempotent, Error, IdempotencyStore, Lookup, Step};
+
+type Store = Arc<dyn IdempotencyStore>;
+
+/// What a step does when it finds its effect begun and not finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    Rerun,
+    Reconcile,
+    FailClosed,
+}
+
+/// Where the holder stops (to be killed), or how the bank answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hang {
+    /// Charge and answer.
+    No,
+    /// Stop after the intent, before the charge.
+    BeforeCharge,
+    /// Stop after the charge, before its answer is recorded.
+    AfterCharge,
+    /// Charge, then fail as a timeout would: the answer never came.
+    TimeOut,
+}
+
+impl Policy {
+    fn parse(text: &str) -> Self {
+        match text {
+            "rerun" => Policy::Rerun,
+            "reconcile" => Policy::Reconcile,
+            _ => Policy::FailClosed,
+        }
+    }
+}
+
+/// The bank: `charge` writes a row under the call's key each time it is asked (it never
+/// deduplicates), the charge's reference being the step's effect key; `charged` says
+/// whether it charged a reference, and with what.
+struct Bank {
+    rows: Effects,
+    run: String,
+}
+
+impl Bank {
+    async fn charge(&self, key: &str, reference: &str) -> Result<String, AppError> {
+        let charge = format!("{reference} by {}", std::process::id());
+        self.rows.record(&self.run, key, &charge).await?;
+        Ok(charge)
+    }
+
+    async fn charges(&self, key: &str) -> Vec<String> {
+        self.rows.tokens(&self.run).await.remove(key).unwrap_or_default()
+    }
+
+    async fn charged(&self, key: &str, reference: &str) -> Lookup<String> {
+        match self
+            .charges(key)
+            .await
+            .into_iter()
+            .find(|charge| charge.starts_with(reference))
+        {
+            Some(charge) => Lookup::Done(charge),
+            None => Lookup::NotDone,
+        }
+    }
+}
+
+/// The body: one charge at the bank, as a step under `policy`.
+#[idempotent(key = key, biz = "unknown.kill", store = store, lease = "1s", wait = "20s")]
+async fn pay(
+    store: &Store,
+    bank: &Bank,
+    key: &str,
+    policy: Policy,
+    hang: Hang,
+    lookups: &AtomicUsize,
+) -> Result<String, AppError> {
+    let reference = idem::context().expect("inside the body").effect_key("charge");
+    let charge = async {
+        if hang == Hang::BeforeCharge {
+            harness::report("STOPPED");
+            tokio::time::sleep(Duration::from_secs(600)).await;
+        }
+        let charge = bank.charge(key, &reference).await?;
+        match hang {
+            Hang::AfterCharge => {
+                harness::report("STOPPED");
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
+            Hang::TimeOut => return Err(AppError::Effect(idem::sqlx::Error::PoolTimedOut)),
+            _ => {}
+        }
+        Ok(charge)
+    };
+    let step = Step::new("charge");
+    let step = match policy {
+        Policy::Rerun => step,
+        Policy::FailClosed => step.fail_closed(),
+        Policy::Reconcile => step.reconcile(|intent| async move {
+            lookups.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, AppError>(bank.charged(key, &intent.effect_key).await)
+        }),
+    };
+    step.run(charge).await
+}
+
+/// The worker: one call of `pay` that stops where `UNKNOWN_HANG` says, to be killed.
+#[test]
+fn unknown_worker() {
+    let Some(_) = harness::worker_settings("unknown") else {
+        return;
+    };
+    let url = harness::setting("UNKNOWN_URL");
+    let hang = match harness::setting("UNKNOWN_HANG").as_str() {
+        "before" => Hang::BeforeCharge,
+        _ => Hang::AfterCharge,
+    };
+    let policy = Policy::parse(&harness::setting("UNKNOWN_POLICY"));
+    harness::worker_runtime().block_on(async {
+        let store = harness::open_store(&url).await;
+        let bank = Bank {
+            rows: Effects::open(&url).await,
+            run: harness::setting("UNKNOWN_RUN"),
+        };
+        let _ = pay(
+            &store,
+            &bank,
+            &harness::setting("UNKNOWN_KEY"),
+            policy,
+            hang,
+            &AtomicUsize::new(0),
+        )
+        .await;
+        unreachable!("the worker stops to be killed");
+    });
+}
+
+/// One store and its bank.
+struct Bench {
+    backend: &'static str,
+    url: String,
+    store: Store,
+    bank: Bank,
+}
+
+impl Bench {
+    async fn open(backend: &'static str) -> Option<Bench> {
+        let run = conformance::unique("unknown");
+        let (url, store) = if backend == "memory" {
+            let url = harness::backend_url("sqlite", "unknown-bank")?;
+            (url, Arc::new(idem::MemoryStore::new()) as Store)
+        } else {
+            let url = harness::backend_url(backend, "unknown")?;
+            let store = harness::open_store(&url).await;
+            (url, store)
+        };
+        let bank = Bank {
+            rows: Effects::open(&url).await,
+            run,
+        };
+        Some(Bench {
+            backend,
+            url,
+            store,
+            bank,
+        })
+    }
+
+    fn key(&self, name: &str) -> String {
+        format!("{}-{name}", self.bank.run)
+    }
+
+    /// A holder that stops where `hang` says under `policy`, and dies there: a worker
+    /// process SIGKILLed, or (memory) a task aborted.
+    async fn kill_holder(&self, key: &str, policy: Policy, hang: Hang) {
+        if self.backend == "memory" {
+            let (store, owned) = (self.store.clone(), key.to_owned());
+            let bank = Bank {
+                rows: self.bank.rows.clone(),
+                run: self.bank.run.clone(),
+            };
+            let charged = self.bank.charges(key).await.len();
+            let holder = tokio::spawn(async move {
+                let _ = pay(&store, &bank, &owned, policy, hang, &AtomicUsize::new(0)).await;
+            });
+            // Stopped where it stops: past its intent, and past the charge if it charges.
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let steps = self
+                    .store
+                    .get("unknown.kill", key)
+                    .await
+                    .unwrap()
+                    .and_then(|record| record.steps);
+                let intended = policy == Policy::Rerun || steps.is_some_and(|steps| steps.contains("charge"));
+                let stopped = hang == Hang::BeforeCharge || self.bank.charges(key).await.len() > charged;
+                if intended && stopped {
+                    break;
+                }
+            }
+            holder.abort();
+            let _ = holder.await;
+            return;
+        }
+        let settings = [
+            ("UNKNOWN_URL", self.url.clone()),
+            ("UNKNOWN_RUN", self.bank.run.clone()),
+            ("UNKNOWN_KEY", key.to_owned()),
+            (
+                "UNKNOWN_HANG",
+                if hang == Hang::BeforeCharge { "before" } else { "after" }.to_owned(),
+            ),
+            (
+                "UNKNOWN_POLICY",
+                match policy {
+                    Policy::Rerun => "rerun",
+                    Policy::Reconcile => "reconcile",
+                    Policy::FailClosed => "fail-closed",
+                }
+                .to_owned(),
+            ),
+        ];
+        let (mut child, _, _) = harness::start_worker("unknown", "unknown_worker", &settings, "STOPPED");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+
+    async fn pay(&self, key: &str, policy: Policy, hang: Hang, lookups: &AtomicUsize) -> Result<String, AppError> {
+        pay(&self.store, &self.bank, key, policy, hang, lookups).await
+    }
+}
+
+fn unknown(outcome: &Result<String, AppError>) -> bool {
+    matches!(outcome, Err(AppError::Idem(Error::OutcomeUnknown { step: Some(step), .. })) if step == "charge")
+}
+
+/// Killed after the charge; retried with `reconcile`: the bank is asked once, the
+/// killed worker's charge is the answer, and nobody is charged twice.
+async fn reconciled_after_a_kill(bench: &Bench) {
+    let key = bench.key("reconcile");
+    bench.kill_holder(&key, Policy::Reconcile, Hang::AfterCharge).await;
+    let lookups = AtomicUsize::new(0);
+    let answer = bench.pay(&key, Policy::Reconcile, Hang::No, &lookups).await.unwrap();
+    let again = bench.pay(&key, Policy::Reconcile, Hang::No, &lookups).await.unwrap();
+    let charges = bench.bank.charges(&key).await;
+    assert_eq!(charges.len(), 1, "{}: charged once: {charges:?}", bench.backend);
+    assert_eq!(
+        (&answer, &again),
+        (&charges[0], &charges[0]),
+        "{}: the answer is the first charge",
+        bench.backend
+    );
+    assert_eq!(
+        lookups.load(Ordering::SeqCst),
+        1,
+        "{}: one lookup for the one takeover",
+        bench.backend
+    );
+}
+
+/// Killed after the charge; retried with `fail_closed`: every call gets the unknown
+/// outcome (nothing charges again, nothing takes the record over), the record lists as
+/// unsettled, and once settled as done the next call replays the settled value.
+async fn failed_closed_after_a_kill(bench: &Bench) {
+    let key = bench.key("fail-closed");
+    bench.kill_holder(&key, Policy::FailClosed, Hang::AfterCharge).await;
+    let lookups = AtomicUsize::new(0);
+    for attempt in 0..3 {
+        let outcome = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await;
+        assert!(
+            unknown(&outcome),
+            "{}: attempt {attempt} fails closed: {outcome:?}",
+            bench.backend
+        );
+    }
+    let charges = bench.bank.charges(&key).await;
+    assert_eq!(charges.len(), 1, "{}: never charged again: {charges:?}", bench.backend);
+    let record = bench.store.get("unknown.kill", &key).await.unwrap().unwrap();
+    let intent = idem::unknown::unsettled(&record).expect("the record is unsettled");
+    assert!(
+        charges[0].starts_with(&intent.effect_key),
+        "{}: the intent names the charge's reference",
+        bench.backend
+    );
+    let settled = repair::settle(
+        &*bench.store,
+        "unknown.kill",
+        &key,
+        "charge",
+        Settlement::Done(serde_json::to_string(&charges[0]).unwrap()),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(settled, Settle::Settled { .. }),
+        "{}: {settled:?}",
+        bench.backend
+    );
+    let answer = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await.unwrap();
+    assert_eq!(answer, charges[0], "{}: the settled value is replayed", bench.backend);
+    assert_eq!(
+        bench.bank.charges(&key).await.len(),
+        1,
+        "{}: still one charge",
+        bench.backend
+    );
+    assert!(matches!(
+        repair::settle(&*bench.store, "unknown.kill", &key, "charge", Settlement::NotDone)
+            .await
+            .unwrap(),
+        Settle::NotUnknown { .. }
+    ));
+}
+
+/// Killed after its intent and before the charge; failed closed; settled as not done:
+/// the next call charges, once.
+async fn settled_not_done_runs(bench: &Bench) {
+    let key = bench.key("not-done");
+    bench.kill_holder(&key, Policy::FailClosed, Hang::BeforeCharge).await;
+    let lookups = AtomicUsize::new(0);
+    assert!(unknown(&bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await));
+    assert!(bench.bank.charges(&key).await.is_empty());
+    let settled = repair::settle(&*bench.store, "unknown.kill", &key, "charge", Settlement::NotDone)
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, Settle::Settled { .. }),
+        "{}: {settled:?}",
+        bench.backend
+    );
+    let answer = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await.unwrap();
+    assert_eq!(
+        bench.bank.charges(&key).await,
+        vec![answer],
+        "{}: charged once, by the call after the settling",
+        bench.backend
+    );
+}
+
+/// The bank charges and never answers: `reconcile` asks it in the same call and returns
+/// the charge; `fail_closed` fails closed in the same call, and its duplicate too.
+async fn a_timeout_is_settled_in_the_same_call(bench: &Bench) {
+    let key = bench.key("timeout-reconcile");
+    let lookups = AtomicUsize::new(0);
+    let answer = bench
+        .pay(&key, Policy::Reconcile, Hang::TimeOut, &lookups)
+        .await
+        .unwrap();
+    assert_eq!(
+        bench.bank.charges(&key).await,
+        vec![answer],
+        "{}: one charge, returned",
+        bench.backend
+    );
+    assert_eq!(lookups.load(Ordering::SeqCst), 1);
+    let key = bench.key("timeout-fail-closed");
+    assert!(unknown(
+        &bench.pay(&key, Policy::FailClosed, Hang::TimeOut, &lookups).await
+    ));
+    assert!(unknown(&bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await));
+    assert_eq!(
+        bench.bank.charges(&key).await.len(),
+        1,
+        "{}: the duplicate did not charge",
+        bench.backend
+    );
+}
+
+/// Without a policy, the retry charges again: the window itself, so that the tests
+/// above are known to land their kill after the charge.
+async fn without_a_policy_the_retry_charges_twice(bench: &Bench) {
+    let key = bench.key("rerun");
+    bench.kill_holder(&key, Policy::Rerun, Hang::AfterCharge).await;
+    bench
+        .pay(&key, Policy::Rerun, Hang::No, &AtomicUsize::new(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        bench.bank.charges(&key).await.len(),
+        2,
+        "{}: the rerun charged again",
+        bench.backend
+    );
+}
+
+async fn every_scenario(backend: &'static str) {
+    let Some(bench) = Bench::open(backend).await else {
+        return;
+    };
+    reconciled_after_a_kill(&bench).await;
+    failed_closed_after_a_kill(&bench).await;
+    settled_not_done_runs(&bench).await;
+    a_timeout_is_settled_in_the_same_call(&bench).await;
+    without_a_policy_the_retry_charges_twice(&bench).await;
+    harness::say(&format!(
+        "unknown outcomes on {backend}: holders killed after the charge reconciled (1 lookup, 1 charge) or failed closed until settled; a timeout settled in the call; without a policy, 2 charges"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_outcomes_memory() {
+    every_scenario("memory").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_outcomes_sqlite() {
+    every_scenario("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_outcomes_postgres() {
+    every_scenario("postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_outcomes_mysql() {
+    every_scenario("mysql").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_outcomes_redis() {
+    every_scenario("redis").await;
+}
