@@ -286,6 +286,8 @@ async fn failed_closed_after_a_kill(bench: &Bench) {
     let key = bench.key("fail-closed");
     bench.kill_holder(&key, Policy::FailClosed, Hang::AfterCharge).await;
     let lookups = AtomicUsize::new(0);
+    let fence = || async { bench.store.get("unknown.kill", &key).await.unwrap().unwrap().fence };
+    let mut fences = Vec::new();
     for attempt in 0..3 {
         let outcome = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await;
         assert!(
@@ -293,7 +295,23 @@ async fn failed_closed_after_a_kill(bench: &Bench) {
             "{}: attempt {attempt} fails closed: {outcome:?}",
             bench.backend
         );
+        fences.push(fence().await);
     }
+    assert!(
+        fences.windows(2).all(|pair| pair[0] == pair[1]),
+        "{}: the duplicates did not take the unsettled record over: fences {fences:?}",
+        bench.backend
+    );
+    // Freed by force, the record is taken over: its step still fails closed.
+    repair::force_release(&*bench.store, "unknown.kill", &key)
+        .await
+        .unwrap();
+    let outcome = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await;
+    assert!(
+        unknown(&outcome),
+        "{}: a forced release does not rerun the charge: {outcome:?}",
+        bench.backend
+    );
     let charges = bench.bank.charges(&key).await;
     assert_eq!(charges.len(), 1, "{}: never charged again: {charges:?}", bench.backend);
     let record = bench.store.get("unknown.kill", &key).await.unwrap().unwrap();

@@ -149,6 +149,17 @@ mod tests {
             Disposition::Redeliver
         );
         assert_eq!(of(Error::NoStore { biz: biz.clone() }), Disposition::Redeliver);
+        // Kept (never dropped, never dead-lettered) until it is settled.
+        assert_eq!(
+            of(Error::OutcomeUnknown {
+                biz: biz.clone(),
+                key: key.clone(),
+                step: Some("charge".to_owned()),
+                effect_key: "credit:7:1:charge".to_owned(),
+                since: std::time::SystemTime::UNIX_EPOCH,
+            }),
+            Disposition::Redeliver
+        );
         assert_eq!(
             of(Error::PayloadMismatch {
                 biz: biz.clone(),

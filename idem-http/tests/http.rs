@@ -124,6 +124,24 @@ async fn explode(State(shop): State<Arc<Shop>>) -> StatusCode {
     StatusCode::INTERNAL_SERVER_ERROR
 }
 
+/// A charge at a bank that takes the money and never answers (a timeout), under a step
+/// that fails closed: the handler never learns whether it charged.
+async fn charge_unanswered(State(shop): State<Arc<Shop>>) -> Response {
+    idem::http::started();
+    shop.runs.fetch_add(1, Ordering::SeqCst);
+    let charged = idem::Step::new("charge")
+        .fail_closed()
+        .run(async {
+            shop.effects.record(&shop.run, "unanswered", "charged").await?;
+            Err::<String, AppError>(AppError::Effect(idem::sqlx::Error::PoolTimedOut))
+        })
+        .await;
+    match charged {
+        Ok(charge) => (StatusCode::CREATED, charge).into_response(),
+        Err(error) => (StatusCode::BAD_GATEWAY, error.to_string()).into_response(),
+    }
+}
+
 async fn charges(State(shop): State<Arc<Shop>>) -> Json<Value> {
     let count: usize = shop.effects.tokens(&shop.run).await.values().map(Vec::len).sum();
     Json(json!({ "count": count }))
@@ -164,6 +182,7 @@ fn app(shop: Arc<Shop>, layer: IdempotencyLayer) -> Router {
     Router::new()
         .route("/payments", post(pay).route_layer(layer.clone()))
         .route("/explode", post(explode).route_layer(layer.clone()))
+        .route("/unanswered", post(charge_unanswered).route_layer(layer.clone()))
         .route("/statements", post(statement).route_layer(layer))
         .route("/bank/charges", get(charges))
         .layer(axum::middleware::from_fn(authenticate))
@@ -331,6 +350,24 @@ macro_rules! http_suite {
                 Answer::of(request).await.assert_problem(400, "idempotency-key");
             }
             assert_eq!((server.runs(), server.bank_charges().await), (0, 0));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_unknown_outcome_is_its_own_problem_to_every_retry() {
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            for attempt in 0..3 {
+                let request = server
+                    .client
+                    .post(format!("{}/unanswered", server.base))
+                    .header("x-tenant", "acme")
+                    .header("idempotency-key", format!("\"{key}\""))
+                    .json(&payment(100));
+                let answer = Answer::of(request).await;
+                answer.assert_problem(409, "not run again");
+                assert_eq!(answer.json()["type"], "urn:idem:problem:outcome-unknown", "attempt {attempt}");
+            }
+            assert_eq!((server.runs(), server.bank_charges().await), (1, 1), "charged once, asked once");
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
