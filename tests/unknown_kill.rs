@@ -29,6 +29,10 @@ enum Policy {
     Rerun,
     Reconcile,
     FailClosed,
+    /// `on_takeover = reconcile(..)`: the whole body is the charge.
+    WholeReconcile,
+    /// `on_takeover = fail_closed`.
+    WholeFailClosed,
 }
 
 /// Where the holder stops (to be killed), or how the bank answers.
@@ -49,6 +53,8 @@ impl Policy {
         match text {
             "rerun" => Policy::Rerun,
             "reconcile" => Policy::Reconcile,
+            "whole-reconcile" => Policy::WholeReconcile,
+            "whole-fail-closed" => Policy::WholeFailClosed,
             _ => Policy::FailClosed,
         }
     }
@@ -86,8 +92,26 @@ impl Bank {
     }
 }
 
-/// The body: one charge at the bank, as a step under `policy`.
-#[idempotent(key = key, biz = "unknown.kill", store = store, lease = "1s", wait = "20s")]
+/// One charge at the bank under `reference`, stopping (or failing) where `hang` says.
+async fn charge(bank: &Bank, key: &str, reference: &str, hang: Hang) -> Result<String, AppError> {
+    if hang == Hang::BeforeCharge {
+        harness::report("STOPPED");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    }
+    let charge = bank.charge(key, reference).await?;
+    match hang {
+        Hang::AfterCharge => {
+            harness::report("STOPPED");
+            tokio::time::sleep(Duration::from_secs(600)).await;
+        }
+        Hang::TimeOut => return Err(AppError::Effect(idem::sqlx::Error::PoolTimedOut)),
+        _ => {}
+    }
+    Ok(charge)
+}
+
+/// The body: one charge at the bank, as a step under `policy` (or, for the whole-body
+/// policies, the body itself is the charge: see [`pay_whole`]).
 async fn pay(
     store: &Store,
     bank: &Bank,
@@ -96,33 +120,58 @@ async fn pay(
     hang: Hang,
     lookups: &AtomicUsize,
 ) -> Result<String, AppError> {
+    match policy {
+        Policy::WholeReconcile => pay_whole_reconciled(store, bank, key, hang, lookups).await,
+        Policy::WholeFailClosed => pay_whole_failing_closed(store, bank, key, hang).await,
+        _ => pay_in_a_step(store, bank, key, policy, hang, lookups).await,
+    }
+}
+
+#[idempotent(key = key, biz = "unknown.kill", store = store, lease = "1s", wait = "20s")]
+async fn pay_in_a_step(
+    store: &Store,
+    bank: &Bank,
+    key: &str,
+    policy: Policy,
+    hang: Hang,
+    lookups: &AtomicUsize,
+) -> Result<String, AppError> {
     let reference = idem::context().expect("inside the body").effect_key("charge");
-    let charge = async {
-        if hang == Hang::BeforeCharge {
-            harness::report("STOPPED");
-            tokio::time::sleep(Duration::from_secs(600)).await;
-        }
-        let charge = bank.charge(key, &reference).await?;
-        match hang {
-            Hang::AfterCharge => {
-                harness::report("STOPPED");
-                tokio::time::sleep(Duration::from_secs(600)).await;
-            }
-            Hang::TimeOut => return Err(AppError::Effect(idem::sqlx::Error::PoolTimedOut)),
-            _ => {}
-        }
-        Ok(charge)
-    };
     let step = Step::new("charge");
     let step = match policy {
-        Policy::Rerun => step,
         Policy::FailClosed => step.fail_closed(),
         Policy::Reconcile => step.reconcile(|intent| async move {
             lookups.fetch_add(1, Ordering::SeqCst);
             Ok::<_, AppError>(bank.charged(key, &intent.effect_key).await)
         }),
+        _ => step,
     };
-    step.run(charge).await
+    step.run(charge(bank, key, &reference, hang)).await
+}
+
+/// A body that is one bank call, its reference the record's life key: a takeover asks
+/// the bank whether it charged.
+#[idempotent(key = key, biz = "unknown.kill", store = store, lease = "1s", wait = "20s",
+    on_takeover = reconcile(|intent: idem::Intent| async move {
+        lookups.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, AppError>(bank.charged(key, &intent.effect_key).await)
+    }))]
+async fn pay_whole_reconciled(
+    store: &Store,
+    bank: &Bank,
+    key: &str,
+    hang: Hang,
+    lookups: &AtomicUsize,
+) -> Result<String, AppError> {
+    let reference = idem::context().expect("inside the body").life_key();
+    charge(bank, key, &reference, hang).await
+}
+
+/// The same body, failing closed on a takeover.
+#[idempotent(key = key, biz = "unknown.kill", store = store, lease = "1s", wait = "20s", on_takeover = fail_closed)]
+async fn pay_whole_failing_closed(store: &Store, bank: &Bank, key: &str, hang: Hang) -> Result<String, AppError> {
+    let reference = idem::context().expect("inside the body").life_key();
+    charge(bank, key, &reference, hang).await
 }
 
 /// The worker: one call of `pay` that stops where `UNKNOWN_HANG` says, to be killed.
@@ -213,7 +262,7 @@ impl Bench {
                     .await
                     .unwrap()
                     .and_then(|record| record.steps);
-                let intended = policy == Policy::Rerun || steps.is_some_and(|steps| steps.contains("charge"));
+                let intended = policy == Policy::Rerun || steps.is_some_and(|steps| steps.contains("?intent"));
                 let stopped = hang == Hang::BeforeCharge || self.bank.charges(key).await.len() > charged;
                 if intended && stopped {
                     break;
@@ -237,6 +286,8 @@ impl Bench {
                     Policy::Rerun => "rerun",
                     Policy::Reconcile => "reconcile",
                     Policy::FailClosed => "fail-closed",
+                    Policy::WholeReconcile => "whole-reconcile",
+                    Policy::WholeFailClosed => "whole-fail-closed",
                 }
                 .to_owned(),
             ),
@@ -422,6 +473,55 @@ async fn without_a_policy_the_retry_charges_twice(bench: &Bench) {
     );
 }
 
+/// A whole body (`on_takeover`) killed after its charge: reconciled once, or failed
+/// closed until the body is settled (no step name), then replayed.
+async fn whole_bodies_after_a_kill(bench: &Bench) {
+    let key = bench.key("whole-reconcile");
+    bench.kill_holder(&key, Policy::WholeReconcile, Hang::AfterCharge).await;
+    let lookups = AtomicUsize::new(0);
+    let answer = bench
+        .pay(&key, Policy::WholeReconcile, Hang::No, &lookups)
+        .await
+        .unwrap();
+    assert_eq!(
+        bench.bank.charges(&key).await,
+        vec![answer],
+        "{}: the body charged once",
+        bench.backend
+    );
+    assert_eq!(lookups.load(Ordering::SeqCst), 1, "{}: one lookup", bench.backend);
+
+    let key = bench.key("whole-fail-closed");
+    bench
+        .kill_holder(&key, Policy::WholeFailClosed, Hang::AfterCharge)
+        .await;
+    for _ in 0..2 {
+        let outcome = bench.pay(&key, Policy::WholeFailClosed, Hang::No, &lookups).await;
+        assert!(
+            matches!(outcome, Err(AppError::Idem(Error::OutcomeUnknown { step: None, .. }))),
+            "{}: the body fails closed: {outcome:?}",
+            bench.backend
+        );
+    }
+    let charges = bench.bank.charges(&key).await;
+    assert_eq!(charges.len(), 1, "{}: not charged again: {charges:?}", bench.backend);
+    let value = serde_json::to_string(&charges[0]).unwrap();
+    let settled = repair::settle(&*bench.store, "unknown.kill", &key, "", Settlement::Done(value))
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, Settle::Settled { .. }),
+        "{}: {settled:?}",
+        bench.backend
+    );
+    let answer = bench
+        .pay(&key, Policy::WholeFailClosed, Hang::No, &lookups)
+        .await
+        .unwrap();
+    assert_eq!(answer, charges[0], "{}: the settled response", bench.backend);
+    assert_eq!(bench.bank.charges(&key).await.len(), 1);
+}
+
 async fn every_scenario(backend: &'static str) {
     let Some(bench) = Bench::open(backend).await else {
         return;
@@ -431,8 +531,9 @@ async fn every_scenario(backend: &'static str) {
     settled_not_done_runs(&bench).await;
     a_timeout_is_settled_in_the_same_call(&bench).await;
     without_a_policy_the_retry_charges_twice(&bench).await;
+    whole_bodies_after_a_kill(&bench).await;
     harness::say(&format!(
-        "unknown outcomes on {backend}: holders killed after the charge reconciled (1 lookup, 1 charge) or failed closed until settled; a timeout settled in the call; without a policy, 2 charges"
+        "unknown outcomes on {backend}: holders killed after the charge (a step, or a whole body) reconciled (1 lookup, 1 charge) or failed closed until settled; a timeout settled in the call; without a policy, 2 charges"
     ));
 }
 
@@ -459,4 +560,29 @@ async fn unknown_outcomes_mysql() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_outcomes_redis() {
     every_scenario("redis").await;
+}
+
+/// An operation that requires a policy refuses a step that declares none, before its
+/// effect; a step with one runs.
+#[tokio::test]
+async fn an_operation_that_requires_a_policy_refuses_a_step_without_one() {
+    let op = idem::Idempotent::new("unknown.required")
+        .require_outcome_policy()
+        .store(Arc::new(idem::MemoryStore::new()));
+    let effects = AtomicUsize::new(0);
+    let effect = || async {
+        effects.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Error>(1)
+    };
+    let refused = op.execute("k1", async { idem::step("charge", effect()).await }).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidStep { reason, .. }) if reason.contains("requires every step")),
+        "{refused:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 0, "the effect did not run");
+    let ran: u32 = op
+        .execute("k2", async { Step::new("charge").fail_closed().run(effect()).await })
+        .await
+        .unwrap();
+    assert_eq!((ran, effects.load(Ordering::SeqCst)), (1, 1));
 }

@@ -104,8 +104,9 @@ pub enum Command {
     Settle {
         #[command(flatten)]
         record: RecordId,
-        /// The step (as `idem unknown` names it).
-        step: String,
+        /// The step (as `idem unknown` names it); none for a whole body
+        /// (`on_takeover`).
+        step: Option<String>,
         /// It happened, with this value: the step's value as JSON (`'{"id":"ch_1"}'`).
         #[arg(long, required_unless_present = "not_done", conflicts_with = "not_done")]
         value: Option<String>,

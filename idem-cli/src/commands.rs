@@ -42,7 +42,7 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
             value,
             confirm,
             ..
-        } => settle(store, record, step, value.as_deref(), confirm).await,
+        } => settle(store, record, step.as_deref().unwrap_or(""), value.as_deref(), confirm).await,
         Command::Migrate { print: false } => migrate(store).await,
         Command::Migrate { print: true } => print_migration(store).await,
         Command::Check => check(store).await,
@@ -80,24 +80,25 @@ async fn unknown(store: &Store, filter: &BizFilter, limit: u32, json: bool) -> O
 }
 
 /// `idem settle BIZ KEY STEP --value JSON | --not-done`.
-async fn settle(store: &Store, id: &RecordId, step: &str, value: Option<&str>, confirm: &Confirm) -> Outcome {
+async fn settle(store: &Store, id: &RecordId, step_name: &str, value: Option<&str>, confirm: &Confirm) -> Outcome {
     let (biz, key) = (id.biz.as_str(), id.key.as_str());
+    let step = crate::records::step_text(step_name);
     let (settlement, question) = match value {
         Some(json) => (
             repair::Settlement::Done(json.to_owned()),
-            format!("settle step `{step}` of biz `{biz}` key `{key}` as done with {json} (the next call returns it)"),
+            format!("settle {step} of biz `{biz}` key `{key}` as done with {json} (the next call returns it)"),
         ),
         None => (
             repair::Settlement::NotDone,
-            format!("settle step `{step}` of biz `{biz}` key `{key}` as not done (the next call runs its effect)"),
+            format!("settle {step} of biz `{biz}` key `{key}` as not done (the next call runs it)"),
         ),
     };
     if !confirmed(confirm, &question) {
         return Ok(Ended::No("not settled".to_owned()));
     }
-    Ok(match repair::settle(store.shared(), biz, key, step, settlement).await? {
+    Ok(match repair::settle(store.shared(), biz, key, step_name, settlement).await? {
         repair::Settle::Settled { .. } => {
-            println!("settled step `{step}` of biz `{biz}` key `{key}`: the next call goes on from it");
+            println!("settled {step} of biz `{biz}` key `{key}`: the next call goes on from it");
             Ended::Done
         }
         repair::Settle::NotFound => not_found(store, id),
@@ -105,8 +106,8 @@ async fn settle(store: &Store, id: &RecordId, step: &str, value: Option<&str>, c
             "biz `{biz}` key `{key}` has no effect of unknown outcome: nothing to settle (`idem show {biz} {key}`)"
         )),
         repair::Settle::NotUnknown { unknown } => Ended::No(format!(
-            "step `{step}` of biz `{biz}` key `{key}` is not of unknown outcome; these are: {}",
-            unknown.join(", ")
+            "{step} of biz `{biz}` key `{key}` is not of unknown outcome; these are: {}",
+            unknown.iter().map(|name| crate::records::step_text(name)).collect::<Vec<_>>().join(", ")
         )),
         repair::Settle::StillHolding => Ended::No(format!(
             "the call that found the outcome of biz `{biz}` key `{key}` unknown is still holding its record; try again in a moment"

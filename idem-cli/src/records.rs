@@ -88,6 +88,16 @@ pub fn print_records(records: &[Record], json: bool) {
     println!("{} records", records.len());
 }
 
+/// How a step is named to the operator: `step `charge``, or `the body` for a whole
+/// body's entry (named by the empty string).
+pub fn step_text(name: &str) -> String {
+    if name.is_empty() {
+        "the body".to_owned()
+    } else {
+        format!("step `{name}`")
+    }
+}
+
 /// Records whose outcome is unknown: biz, key, the step, its effect key and since
 /// when; or a JSON array of objects with those fields.
 pub fn print_unsettled(records: &[Record], json: bool) {
@@ -116,7 +126,11 @@ pub fn print_unsettled(records: &[Record], json: bool) {
         table.add_row([
             record.biz.clone(),
             record.key.clone(),
-            intent.step.clone(),
+            if intent.step.is_empty() {
+                "(body)".to_owned()
+            } else {
+                intent.step.clone()
+            },
             intent.effect_key.clone(),
             format!("{} ({})", instant(intent.since()), from_now(intent.since())),
         ]);

@@ -9,11 +9,12 @@
 use darling::ast::NestedMeta;
 use darling::{Error, FromMeta};
 use proc_macro2::{Span, TokenStream};
+use syn::spanned::Spanned;
 use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 12] = [
+const OPTIONS: [&str; 13] = [
     "key",
     "biz",
     "ttl",
@@ -21,6 +22,7 @@ const OPTIONS: [&str; 12] = [
     "lease",
     "clock_tolerance",
     "on_error",
+    "on_takeover",
     "wait",
     "payload",
     "store",
@@ -73,6 +75,33 @@ fn tolerance(value: &Expr) -> darling::Result<Millis> {
         Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => parse_millis(&lit.value())
             .map(|millis| Millis(millis, lit.span()))
             .map_err(|problem| Error::custom(format!("bad `clock_tolerance`: {problem}")).with_span(lit)),
+        other => Err(Error::custom(hint).with_span(other)),
+    }
+}
+
+/// `on_takeover = ...`: what a call that takes the record over (its holder died
+/// mid-body) does before it runs the body again.
+pub enum OnTakeover {
+    /// `rerun`: run it again (the default).
+    Rerun,
+    /// `fail_closed`: fail with `OutcomeUnknown` until an operator settles the record.
+    FailClosed,
+    /// `reconcile(lookup)`: ask `lookup` whether the body's effect happened.
+    Reconcile(Expr),
+}
+
+fn on_takeover(value: &Expr) -> darling::Result<(OnTakeover, Span)> {
+    let hint = "`on_takeover` is `fail_closed`, `reconcile(lookup)` (an async closure or fn taking the \
+                `idem::Intent` and answering `Result<idem::Lookup<T>, _>`) or `rerun`";
+    match value {
+        Expr::Path(path) if path.path.is_ident("fail_closed") => Ok((OnTakeover::FailClosed, path.span())),
+        Expr::Path(path) if path.path.is_ident("rerun") => Ok((OnTakeover::Rerun, path.span())),
+        Expr::Call(call) if matches!(&*call.func, Expr::Path(path) if path.path.is_ident("reconcile")) => {
+            match call.args.len() {
+                1 => Ok((OnTakeover::Reconcile(call.args[0].clone()), call.func.span())),
+                _ => Err(Error::custom(format!("`reconcile` takes one lookup: {hint}")).with_span(call)),
+            }
+        }
         other => Err(Error::custom(hint).with_span(other)),
     }
 }
@@ -195,6 +224,7 @@ pub struct Args {
     pub mode: Option<Ident>,
     /// `Release` or `Record`, as written.
     pub on_error: Option<Ident>,
+    pub on_takeover: Option<OnTakeover>,
     pub payload: Option<Expr>,
     pub store: Option<Expr>,
     /// The parameter holding the caller's transaction (transactional mode).
@@ -247,6 +277,7 @@ impl Args {
                 "wait" => options.wait = errors.handle(Millis::from_expr(value).map_err(named)),
                 "mode" => options.mode = errors.handle(Variant::<ModeOption>::from_expr(value).map(|v| v.0)),
                 "on_error" => options.on_error = errors.handle(Variant::<OnErrorOption>::from_expr(value).map(|v| v.0)),
+                "on_takeover" => options.on_takeover = errors.handle(on_takeover(value)),
                 "payload" => {
                     options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
                 }
@@ -292,6 +323,7 @@ impl Args {
             wait: options.wait,
             mode: options.mode,
             on_error: options.on_error,
+            on_takeover: options.on_takeover.map(|(policy, _)| policy),
             payload: options.payload,
             store: options.store,
             tx: options.tx,
@@ -312,6 +344,7 @@ struct Options {
     wait: Option<Millis>,
     mode: Option<Ident>,
     on_error: Option<Ident>,
+    on_takeover: Option<(OnTakeover, Span)>,
     payload: Option<Expr>,
     store: Option<Expr>,
     tx: Option<Ident>,
@@ -337,6 +370,17 @@ fn transactional_conflicts(tx: &Ident, seen: &[Ident], options: &Options) -> Vec
                  over. Remove `{option}` (`wait` bounds how long a duplicate waits for the row lock)"
             ))
             .with_span(name),
+        );
+    }
+    if let Some((_, span)) = &options.on_takeover {
+        errors.push(
+            Error::custom(format!(
+                "`on_takeover` has no meaning with `tx = {tx}`: in transactional mode the body's writes commit \
+                 with the record or not at all, so no call ever finds an effect that may have happened; nothing \
+                 is taken over. Remove `on_takeover` (a call to another service inside the body still needs \
+                 `Context::effect_key` for that service to deduplicate)"
+            ))
+            .with_span(span),
         );
     }
     if let Some(variant) = options.on_error.as_ref().filter(|variant| *variant == "Record") {

@@ -5,7 +5,7 @@ use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::ReturnType;
 
-use crate::args::{Args, Millis};
+use crate::args::{Args, Millis, OnTakeover};
 use crate::item::IdempotentFn;
 
 /// The fn with its body replaced by claim → execute → record.
@@ -120,9 +120,20 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
             #block
         }
     };
+    // `on_takeover`: the whole body as the runtime's body step, under its policy.
+    let takeover = match &args.on_takeover {
+        None | Some(OnTakeover::Rerun) => quote!(),
+        Some(OnTakeover::FailClosed) => quote! {
+            let __idem_body = async move { #krate::Step::body().fail_closed().run(__idem_body).await };
+        },
+        Some(OnTakeover::Reconcile(lookup)) => quote_spanned! {lookup.span()=>
+            let __idem_body = async move { #krate::Step::body().reconcile(#lookup).run(__idem_body).await };
+        },
+    };
     let call = match &args.tx {
         None => quote! {
             let __idem_body = #body;
+            #takeover
             #run
         },
         Some(tx) => transactional(&private, tx, &ret, store_span, &body, ret_span),

@@ -82,6 +82,16 @@ mod item;
 /// - `on_error` (default `Release`): the body returned `Err`: delete the claim so a retry
 ///   runs again (`Release`), or record FAIL with the error's text so duplicates get
 ///   `idem::Error::PreviousFailed` until `ttl` (`Record`).
+/// - `on_takeover` (default `rerun`): what a call that takes the record over from a
+///   holder that died mid-body does before running the body again — for a body that is
+///   one call to a service that does not deduplicate (hand it `Context::life_key()`).
+///   `fail_closed`: fail with `idem::Error::OutcomeUnknown`, for this call and every
+///   duplicate, until an operator settles the record (`idem settle BIZ KEY`).
+///   `reconcile(lookup)`: ask `lookup` (a closure or fn from `idem::Intent` to a future
+///   of `Result<idem::Lookup<T>, _>`, which may use the parameters) whether the effect
+///   happened: `Done(value)` is recorded and returned, `NotDone` runs the body,
+///   `CannotTell` fails closed. The intent is one more write before the body. Not with
+///   `tx` (a compile error: nothing is taken over there).
 /// - `wait` (default: none): a duplicate that finds the first call running waits up to
 ///   this long for its result instead of failing with `idem::Error::InProgress`.
 /// - `payload` (default: none): an expression whose value is `Serialize`; its fingerprint

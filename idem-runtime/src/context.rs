@@ -96,6 +96,14 @@ impl Context {
         format!("{}:{}:{}:{effect}", self.biz, self.key, self.life)
     }
 
+    /// A key for this life of the record as a whole, `"{biz}:{key}:{life}"`: what a
+    /// body that is one call to another service hands it (and what the lookup of
+    /// `on_takeover = reconcile(..)` is asked about). Like [`effect_key`](Self::effect_key),
+    /// the same on every retry and takeover within one life.
+    pub fn life_key(&self) -> String {
+        format!("{}:{}:{}", self.biz, self.key, self.life)
+    }
+
     /// Whether this call still holds its claim, as far as the heartbeat knows: false once
     /// a renewal found the key taken over by another caller (after this call's lease
     /// lapsed). The body's outcome will then be refused ([`Error::LeaseLost`]); a body

@@ -54,6 +54,8 @@ pub struct Idempotent {
     /// `None`: as long as the lease.
     pub(crate) clock_tolerance: Option<Duration>,
     pub(crate) on_error: OnError,
+    /// Every step must declare a policy for an unknown outcome.
+    pub(crate) outcome_policy_required: bool,
     pub(crate) wait: Option<Duration>,
     /// The payload, or why it could not be fingerprinted (reported at execute).
     pub(crate) payload: Option<Result<Payload, Arc<dyn std::error::Error + Send + Sync>>>,
@@ -83,6 +85,7 @@ impl Idempotent {
             lease: DEFAULT_LEASE,
             clock_tolerance: None,
             on_error: OnError::Release,
+            outcome_policy_required: false,
             wait: None,
             payload: None,
             invalid: None,
@@ -95,6 +98,16 @@ impl Idempotent {
     /// every call fail with [`Error::InvalidOption`] before anything is claimed.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = self.checked("ttl", ttl);
+        self
+    }
+
+    /// Refuse every [`step`](crate::step) of this operation that does not say what to do
+    /// when its outcome is unknown ([`Step::reconcile`](crate::Step::reconcile) or
+    /// [`Step::fail_closed`](crate::Step::fail_closed)): for money-moving operations,
+    /// where nobody should forget. A step that declares nothing fails with
+    /// [`Error::InvalidStep`] before its effect runs.
+    pub fn require_outcome_policy(mut self) -> Self {
+        self.outcome_policy_required = true;
         self
     }
 

@@ -43,6 +43,8 @@ pub(crate) struct StepLog {
     lease: Lease,
     /// The lease's length as the holder counts it: how long a lookup is retried.
     lease_for: Duration,
+    /// Every step must declare what to do when its outcome is unknown.
+    policy_required: bool,
     state: Mutex<StepState>,
 }
 
@@ -57,11 +59,17 @@ struct StepState {
 }
 
 impl StepLog {
-    pub(crate) fn new(store: Arc<dyn IdempotencyStore>, lease: Lease, lease_for: Duration) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn IdempotencyStore>,
+        lease: Lease,
+        lease_for: Duration,
+        policy_required: bool,
+    ) -> Self {
         Self {
             store,
             lease,
             lease_for,
+            policy_required,
             state: Mutex::default(),
         }
     }
@@ -123,9 +131,9 @@ impl StepLog {
     }
 
     /// Take `name` for this call and say what an earlier attempt recorded for it.
-    async fn begin(&self, name: &str) -> Result<Option<Entry>, Error> {
+    async fn begin(&self, name: &str, body: bool) -> Result<Option<Entry>, Error> {
         let mut state = self.state.lock().await;
-        if name == BODY {
+        if name == BODY && !body {
             return Err(Error::InvalidStep {
                 step: String::new(),
                 reason: "a step needs a name (the empty name stands for the whole body)".to_owned(),
@@ -333,6 +341,8 @@ enum OnUnknown<'a, T> {
 /// ```
 pub struct Step<'a, T, E> {
     name: &'a str,
+    /// The whole body ([`Step::body`]), not a step of it.
+    body: bool,
     on_unknown: OnUnknown<'a, T>,
     ambiguous: Box<dyn Fn(&E) -> bool + Send + Sync + 'a>,
 }
@@ -361,8 +371,25 @@ where
     pub fn new(name: &'a str) -> Self {
         Self {
             name,
+            body: false,
             on_unknown: OnUnknown::Rerun,
             ambiguous: Box::new(|_| true),
+        }
+    }
+
+    /// The whole body of the call as one effect: what `#[idempotent(on_takeover = ..)]`
+    /// wraps the body in. With a policy, its intent is recorded before the body starts
+    /// (one write), and a call that takes the record over from a holder that died
+    /// mid-body asks the lookup — about [`Context::life_key`](crate::Context::life_key),
+    /// which the body hands the other service — or fails closed, instead of running the
+    /// body again. Its value is the call's response, recorded as every response is (no
+    /// write of its own). The body's `Err` is its own verdict (nothing happened, or it
+    /// says so itself): the intent is taken back and `on_error` applies.
+    pub fn body() -> Self {
+        Self {
+            body: true,
+            ambiguous: Box::new(|_| false),
+            ..Self::new(BODY)
         }
     }
 
@@ -416,8 +443,19 @@ where
         let (context, log) = log_of(self.name)?;
         let name = self.name;
         let declared = !matches!(self.on_unknown, OnUnknown::Rerun);
+        if log.policy_required && !declared && !self.body {
+            return Err(Error::InvalidStep {
+                step: name.to_owned(),
+                reason: format!(
+                    "biz `{}` requires every step to say what to do when its outcome is unknown, and this one \
+                     says nothing: use `Step::new(\"{name}\").reconcile(lookup)` or `.fail_closed()`",
+                    log.lease.biz
+                ),
+            }
+            .into());
+        }
         let mut attempt = 1;
-        match log.begin(name).await? {
+        match log.begin(name, self.body).await? {
             None => {}
             Some(Entry::Value(json)) => {
                 return serde_json::from_str(&json).map_err(|source| log.undecodable(source).into());
@@ -436,7 +474,12 @@ where
         if !context.lease_held() {
             return Err(log.lost().into());
         }
-        let intent = Intent::new(name, context.effect_key(name), attempt, clock::now());
+        let effect_key = if self.body {
+            context.life_key()
+        } else {
+            context.effect_key(name)
+        };
+        let intent = Intent::new(name, effect_key, attempt, clock::now());
         if declared {
             log.intend(&intent).await?;
         }
@@ -461,6 +504,11 @@ where
                 return Err(error);
             }
         };
+        if self.body {
+            // The call records its response next; a holder that dies before that leaves
+            // the intent, and its successor reconciles.
+            return Ok(value);
+        }
         match encode(&value) {
             Ok(json) => log.finish(name, json).await?,
             Err(error) => {

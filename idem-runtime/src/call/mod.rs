@@ -74,7 +74,12 @@ impl Call<'_> {
             }
         };
         let signal = Arc::new(LeaseSignal::default());
-        let steps = Arc::new(StepLog::new(self.store.to_owned_store(), lease.clone(), self.op.lease));
+        let steps = Arc::new(StepLog::new(
+            self.store.to_owned_store(),
+            lease.clone(),
+            self.op.lease,
+            self.op.outcome_policy_required,
+        ));
         let context = Context::new(&lease, signal.clone(), Some(steps.clone()));
         let running = Instant::now();
         let outcome = self.hold(&lease, &signal, context.scope(body)).await;
