@@ -102,7 +102,8 @@
 //! in the record's text column; `tower-layer`/`tower-service` are the traits the layer
 //! implements (not all of tower); `axum` (feature `axum`, on by default) only to read
 //! the matched route; `reqwest` (feature `reqwest`) for [`IdempotencyKeyExt`] on its
-//! request builder.
+//! request builder and for `KeyedClient`, whose retries (with backoff and `Retry-After`)
+//! are `backon`'s and whose error is a `thiserror` enum.
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
@@ -114,6 +115,8 @@ mod body_print;
 mod caller;
 mod grpc;
 mod key;
+#[cfg(feature = "reqwest")]
+mod keyed_client;
 mod layer;
 mod outgoing;
 mod problem;
@@ -125,6 +128,9 @@ mod started;
 pub use body::IdempotencyBody;
 pub use body_print::BodyFingerprint;
 pub use key::MAX_KEY_BYTES;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use keyed_client::{KeyedClient, SendError};
 pub use layer::{
     CallerNamed, CallerUnnamed, ClientErrors, IdempotencyLayer, NamesItsCallers, DEFAULT_BODY_LIMIT,
     DEFAULT_RESPONSE_LIMIT,
