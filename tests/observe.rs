@@ -283,6 +283,29 @@ async fn every_counter_after_a_known_mix_of_calls() {
     let error: Result<u32, Error> = down.execute("h", async { Ok(1) }).await;
     assert!(matches!(error, Err(Error::Store { .. }))); // 1 store_error
 
+    // An effect that went unanswered: failed closed (and its duplicate answered so), or
+    // reconciled by its lookup.
+    let unanswered = || async { Err::<u32, Error>(Error::NoStore { biz: "bank".into() }) };
+    for _ in 0..2 {
+        let unknown: Result<u32, Error> = pay
+            .execute("j", async {
+                idem::Step::new("charge").fail_closed().run(unanswered()).await
+            })
+            .await;
+        assert!(matches!(unknown, Err(Error::OutcomeUnknown { .. })), "{unknown:?}");
+        // 2 outcome_unknown, 1 body
+    }
+    let reconciled: u32 = pay
+        .execute("k", async {
+            idem::Step::new("charge")
+                .reconcile(|_| async { Ok::<_, Error>(idem::Lookup::Done(5)) })
+                .run(unanswered())
+                .await
+        })
+        .await
+        .unwrap(); // 1 executed, 1 reconciled
+    assert_eq!(reconciled, 5);
+
     let mut counters: HashMap<String, u64> = HashMap::new();
     let mut histograms: HashMap<String, usize> = HashMap::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
@@ -307,7 +330,16 @@ async fn every_counter_after_a_known_mix_of_calls() {
             .get(&format!("idem_calls_total{{biz={biz},outcome={outcome}}}"))
             .copied()
     };
-    assert_eq!(calls("executed"), Some(7), "{counters:#?}");
+    assert_eq!(calls("executed"), Some(8), "{counters:#?}");
+    assert_eq!(calls("outcome_unknown"), Some(2));
+    assert_eq!(
+        counters.get(&format!("idem_outcome_unknown_total{{biz={biz}}}")),
+        Some(&1)
+    );
+    assert_eq!(
+        counters.get(&format!("idem_reconciled_total{{biz={biz},found=done}}")),
+        Some(&1)
+    );
     assert_eq!(calls("replayed"), Some(3));
     assert_eq!(calls("rejected"), Some(1));
     assert_eq!(calls("failed"), Some(1));
@@ -321,7 +353,7 @@ async fn every_counter_after_a_known_mix_of_calls() {
         counters.get(&format!("idem_store_errors_total{{biz={biz},operation=claim}}")),
         Some(&1)
     );
-    assert_eq!(histograms.get("idem_body_seconds"), Some(&8), "one per body run");
+    assert_eq!(histograms.get("idem_body_seconds"), Some(&10), "one per body run");
     assert!(histograms.get("idem_claim_seconds").copied().unwrap_or(0) >= 13);
 }
 
