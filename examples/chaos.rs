@@ -10,10 +10,12 @@
 //! ```
 //!
 //! Workers (`--workers`, each with `--tasks` concurrent callers) call `--keys` keys at
-//! random — a fresh set every 5 s — one call in 25 with another payload. A third of the keys run in leased mode
-//! (the body writes its run into the business table), a third in transactional mode on
+//! random — a fresh set every 5 s — one call in 25 with another payload. A quarter of the keys run in leased mode
+//! (the body writes its run into the business table), a quarter in transactional mode on
 //! a SQL store (the run is written in the transaction that records the answer; leased
-//! elsewhere), a third with steps (the run, then a notification, each a step). Faults, each
+//! elsewhere), a quarter with steps (the run, then a notification, each a step), and a
+//! quarter with a step that reconciles (`Step::reconcile`) against a business table that
+//! never deduplicates: its lookup asks whether the key's run is there. Faults, each
 //! in turn, one every `--every-ms`: `kill` (SIGKILL a worker, start it again), `pause` (SIGSTOP a
 //! worker past its lease, then SIGCONT), `partition` (cut a worker's link to the store
 //! past its lease, then heal it), `restart` (run the `--restart` command: the store's
@@ -22,7 +24,8 @@
 //!
 //! It prints the checker's verdict and a table of the faults, and exits 1 when the
 //! history holds an anomaly. A body a kill, pause, partition or server restart cut off
-//! *while it ran* may run again (the lease allows it); no other body may, no lease may be
+//! *while it ran* may run again (the lease allows it) — a reconciled key's only after a
+//! pause or a partition (its intent is on record before the effect); no other body may, no lease may be
 //! lost by a process no fault hit, and no caller may get another answer than the first.
 //! `--broken-guard N` breaks a guard on purpose (one claim in N granted a hundredth of
 //! its lease): such a run must come out INVALID, or the checker is not to be trusted.
@@ -87,6 +90,11 @@ struct Args {
     /// INVALID.
     #[arg(long, value_name = "N")]
     broken_guard: Option<u64>,
+    /// Break the reconciled keys' guard: their step runs without a policy, so a
+    /// takeover after a kill charges again. The run must then be INVALID (a kill excuses
+    /// no second run of a reconciled key).
+    #[arg(long)]
+    unreconciled: bool,
 }
 
 /// How a key is called: by its number, the same in every worker.
@@ -98,13 +106,17 @@ enum Mode {
     Transactional,
     /// Leased, the effects as steps.
     Steps,
+    /// Leased, the effect a step that reconciles against a table that does not
+    /// deduplicate.
+    Reconciled,
 }
 
 impl Mode {
     fn of(k: usize, sql: bool) -> Mode {
-        match k % 3 {
+        match k % 4 {
             1 if sql => Mode::Transactional,
             2 => Mode::Steps,
+            3 => Mode::Reconciled,
             _ => Mode::Leased,
         }
     }
@@ -114,6 +126,7 @@ impl Mode {
             Mode::Leased => "chaos",
             Mode::Transactional => "chaos.tx",
             Mode::Steps => "chaos.steps",
+            Mode::Reconciled => "chaos.reconciled",
         }
     }
 }
@@ -130,6 +143,8 @@ struct Worker {
     history: PathBuf,
     /// `--broken-guard`: one claim in this many granted a short lease.
     broken_guard: Option<u64>,
+    /// `--unreconciled`: the reconciled keys' step runs without its policy.
+    unreconciled: bool,
     /// When this process started, and how long after the coordinator's start that was.
     started: Instant,
     started_after_ms: u64,
@@ -183,6 +198,43 @@ async fn stepped(
         Ok::<_, AppError>(())
     })
     .await?;
+    Ok(charged)
+}
+
+/// A charge at a downstream that never deduplicates (a row per request) and answers
+/// slowly, as a step that reconciles: a takeover (or an error of the insert) asks
+/// whether the key's run is there and answers with it instead of charging again.
+#[idempotent(key = key, biz = "chaos.reconciled", store = store, payload = payload, lease = "4s", wait = "30s")]
+async fn reconciled(
+    store: &Store,
+    effects: &Effects,
+    worker: &Worker,
+    key: &str,
+    payload: &str,
+    token: String,
+) -> Result<String, AppError> {
+    let (run, process) = (worker.run.as_str(), worker.process.as_str());
+    let fence = idem::context().expect("inside a call").fence();
+    let step = idem::Step::new("charge");
+    let step = if worker.unreconciled {
+        step
+    } else {
+        step.reconcile(|_| async move {
+            Ok::<_, AppError>(match effects.run_of(run, key).await? {
+                Some(token) => idem::Lookup::Done(token),
+                None => idem::Lookup::NotDone,
+            })
+        })
+    };
+    // The downstream charges, then takes the body's time to answer: a kill in between
+    // leaves a charge whose answer is lost.
+    let charged = step
+        .run(async {
+            effects.record_run(run, key, &token, fence, process).await?;
+            tokio::time::sleep(body_time(&token)).await;
+            Ok::<_, AppError>(token.clone())
+        })
+        .await?;
     Ok(charged)
 }
 
@@ -330,11 +382,13 @@ fn work(worker: Worker) {
                         let own = token.clone();
                         let start_ms = worker.millis();
                         let (run, process) = (&worker.run, &worker.process);
-                        let outcome = match (Mode::of(k, tx_pool.is_some()), tx_pool.as_ref()) {
+                        let mode = Mode::of(k, tx_pool.is_some());
+                        let outcome = match (mode, tx_pool.as_ref()) {
                             (Mode::Transactional, Some(pool)) => {
                                 pool.call(&insert, run, &key, payload, token, process).await
                             }
                             (Mode::Steps, _) => stepped(&store, &effects, run, &key, payload, token, process).await,
+                            (Mode::Reconciled, _) => reconciled(&store, &effects, &worker, &key, payload, token).await,
                             _ => leased(&store, &effects, run, &key, payload, token, process).await,
                         };
                         let call = Call::new(&key, payload, &worker.process, answer_of(outcome)).ran(
@@ -342,6 +396,11 @@ fn work(worker: Worker) {
                             start_ms,
                             worker.millis(),
                         );
+                        let call = if mode == Mode::Reconciled {
+                            call.reconciled()
+                        } else {
+                            call
+                        };
                         let line = serde_json::to_string(&call).unwrap();
                         let mut file = history.lock().unwrap();
                         writeln!(file, "{line}").unwrap();
@@ -418,6 +477,7 @@ impl Coordinator {
                 "CHAOS_BROKEN_GUARD",
                 self.args.broken_guard.map(|n| n.to_string()).unwrap_or_default(),
             )
+            .env("CHAOS_UNRECONCILED", if self.args.unreconciled { "1" } else { "0" })
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         if let Some(libfaketime) = self.libfaketime {
@@ -450,6 +510,7 @@ fn main() {
             until: Instant::now() + Duration::from_millis(setting("CHAOS_MILLIS").parse().unwrap()),
             history: setting("CHAOS_HISTORY").into(),
             broken_guard: setting("CHAOS_BROKEN_GUARD").parse().ok(),
+            unreconciled: setting("CHAOS_UNRECONCILED") == "1",
             started: Instant::now(),
             started_after_ms: setting("CHAOS_STARTED_AFTER_MS").parse().unwrap(),
         });

@@ -84,6 +84,13 @@ pub struct Call {
     /// When it ended, on the same clock.
     #[serde(default)]
     pub end_ms: u64,
+    /// The key's effect is a step that reconciles ([`Step::reconcile`](idem::Step::reconcile))
+    /// against a downstream that does not deduplicate: its intent is recorded before the
+    /// effect, so a successor asks instead of repeating, and a kill or a server restart
+    /// excuses no second run — only a pause or a partition of the process while its
+    /// call ran (the request stalled between the intent and the downstream).
+    #[serde(default)]
+    pub reconciled: bool,
 }
 
 impl Call {
@@ -97,7 +104,14 @@ impl Call {
             answer,
             start_ms: 0,
             end_ms: 0,
+            reconciled: false,
         }
+    }
+
+    /// The same call, of a key whose effect reconciles (see [`Call::reconciled`]).
+    pub fn reconciled(mut self) -> Self {
+        self.reconciled = true;
+        self
     }
 
     /// The same call, whose body runs with `token`, begun at `start_ms` and ended at
@@ -217,6 +231,12 @@ pub struct Verdict {
     /// Effects of bodies a fault cut off while they ran, run again by a later holder
     /// (what a lease allows of a killed, paused or partitioned holder).
     pub cut_off: usize,
+    /// Keys whose effect reconciles.
+    pub reconciled_keys: usize,
+    /// Of [`cut_off`](Self::cut_off), runs of reconciled keys: a pause or a partition
+    /// held the request between its intent and the downstream past the lease, so the
+    /// successor's lookup did not see it.
+    pub cut_off_reconciled: usize,
     /// Everything idem promises never happens, that did.
     pub anomalies: Vec<Anomaly>,
 }
@@ -234,12 +254,12 @@ impl fmt::Display for Verdict {
         writeln!(f, "{verdict}: {} anomalies", self.anomalies.len())?;
         writeln!(
             f,
-            "| calls | keys | ok | in progress | payload mismatch | lease lost | failed | cut-off runs |"
+            "| calls | keys | ok | in progress | payload mismatch | lease lost | failed | cut-off runs | reconciled keys | their cut-off runs |"
         )?;
-        writeln!(f, "|---|---|---|---|---|---|---|---|")?;
+        writeln!(f, "|---|---|---|---|---|---|---|---|---|---|")?;
         writeln!(
             f,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             self.calls,
             self.keys,
             self.ok,
@@ -247,7 +267,9 @@ impl fmt::Display for Verdict {
             self.payload_mismatch,
             self.lease_lost,
             self.failed,
-            self.cut_off
+            self.cut_off,
+            self.reconciled_keys,
+            self.cut_off_reconciled
         )?;
         for anomaly in &self.anomalies {
             writeln!(f, "- {anomaly:?}")?;
@@ -295,10 +317,26 @@ pub fn check(
         }
     }
     verdict.keys = by_key.len();
+    let reconciled: std::collections::HashSet<&str> = calls
+        .iter()
+        .filter(|call| call.reconciled)
+        .map(|call| call.key.as_str())
+        .collect();
+    verdict.reconciled_keys = reconciled.len();
     // A run is excused when a fault hit its process while its call ran, or when its
-    // call never ended and its process was killed.
+    // call never ended and its process was killed. A reconciled key's run only by a
+    // pause or a partition while its call ran.
+    let stalled = |process: &str, from_ms: u64, to_ms: u64| {
+        faults
+            .iter()
+            .any(|f| matches!(f.kind, FaultKind::Pause | FaultKind::Partition) && f.hit(process, from_ms, to_ms))
+    };
     let excused = |effect: &Effect| match by_token.get(effect.token.as_str()) {
+        Some(call) if call.process == effect.process && reconciled.contains(effect.key.as_str()) => {
+            stalled(&effect.process, call.start_ms, call.end_ms)
+        }
         Some(call) if call.process == effect.process => hit(&effect.process, call.start_ms, call.end_ms),
+        _ if reconciled.contains(effect.key.as_str()) => false,
         _ => faults
             .iter()
             .any(|f| f.kind == FaultKind::Kill && f.process == effect.process),
@@ -326,7 +364,11 @@ pub fn check(
             .filter(|effect| answered.is_some_and(|token| *token == &effect.token) || !excused(effect))
             .collect();
         // Runs a fault cut off, beyond the one that stands (when all of them were).
-        verdict.cut_off += effects.len() - standing.len().max(1);
+        let cut_off = effects.len() - standing.len().max(1);
+        verdict.cut_off += cut_off;
+        if reconciled.contains(key) {
+            verdict.cut_off_reconciled += cut_off;
+        }
         if standing.len() > 1 {
             verdict.anomalies.push(Anomaly::EffectTwice {
                 key: (*key).to_owned(),
@@ -573,5 +615,65 @@ mod tests {
             &[fault("w1", FaultKind::Pause, 0, 99_000)],
         );
         assert!(!verdict.valid(), "{verdict}");
+    }
+
+    /// A reconciled key's second run is excused by a pause or a partition of its
+    /// process while its call ran, and by nothing else: not a kill during the call, not
+    /// a kill of a call that never ended, not a server restart.
+    #[test]
+    fn a_reconciled_run_is_excused_by_no_kill() {
+        let calls = vec![
+            Call::new("k", "p", "w1", Answer::Failed("killed".into()))
+                .ran("a", 1_000, 1_200)
+                .reconciled(),
+            Call::new("k", "p", "w2", Answer::Ok("b".into()))
+                .ran("b", 9_050, 9_150)
+                .reconciled(),
+        ];
+        let effects = vec![effect("k", "a", 1, "w1"), effect("k", "b", 2, "w2")];
+        let records = [("k".to_owned(), Some("b".to_owned()))].into();
+        let doubled = |calls: &[Call], faults: &[Fault]| {
+            let verdict = check(calls, &effects, &records, faults);
+            assert_eq!(verdict.reconciled_keys, 1);
+            !verdict.valid()
+        };
+        assert!(
+            !doubled(&calls, &[fault("w1", FaultKind::Pause, 1_100, 11_000)]),
+            "a pause inside it"
+        );
+        assert!(!doubled(&calls, &[fault("w1", FaultKind::Partition, 1_100, 11_000)]));
+        let verdict = check(
+            &calls,
+            &effects,
+            &records,
+            &[fault("w1", FaultKind::Pause, 1_100, 11_000)],
+        );
+        assert_eq!((verdict.cut_off, verdict.cut_off_reconciled), (1, 1));
+        assert!(
+            doubled(&calls, &[fault("w1", FaultKind::Kill, 1_100, 1_100)]),
+            "a kill during the call"
+        );
+        assert!(
+            doubled(&calls, &[fault(EVERY_PROCESS, FaultKind::Restart, 1_100, 1_900)]),
+            "a restart"
+        );
+        assert!(
+            doubled(&calls[1..], &[fault("w1", FaultKind::Kill, 1_300, 1_300)]),
+            "a call that never ended"
+        );
+        // The same history of a key that does not reconcile: the kill excuses it.
+        let plain: Vec<Call> = calls
+            .iter()
+            .cloned()
+            .map(|mut call| {
+                call.reconciled = false;
+                call
+            })
+            .collect();
+        assert!(!doubled_plain(&plain, &effects, &records));
+    }
+
+    fn doubled_plain(calls: &[Call], effects: &[Effect], records: &HashMap<String, Option<String>>) -> bool {
+        !check(calls, effects, records, &[fault("w1", FaultKind::Kill, 1_100, 1_100)]).valid()
     }
 }

@@ -119,6 +119,23 @@ impl Effects {
         self.sql("INSERT INTO chaos_effect (run_id, k, token, fence, process) VALUES (?, ?, ?, ?, ?)")
     }
 
+    /// The token of the first body's run of `key` in `run`, if a body ran it: what a
+    /// chaos run's reconciling lookup asks ("did this key's charge happen?").
+    pub async fn run_of(&self, run: &str, key: &str) -> Result<Option<String>, sqlx::Error> {
+        let select = "SELECT token FROM chaos_effect WHERE run_id = ? AND k = ? ORDER BY fence LIMIT 1";
+        let select = if self.causal {
+            format!("SET STATEMENT wsrep_sync_wait = 1 FOR {select}")
+        } else {
+            self.sql(select)
+        };
+        let row: Option<(String,)> = sqlx::query_as(&select)
+            .bind(run)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(token,)| token))
+    }
+
     /// Every body's run in `run`, as the chaos checker reads them.
     pub async fn runs(&self, run: &str) -> Vec<crate::chaos::Effect> {
         let select = "SELECT k, token, fence, process FROM chaos_effect WHERE run_id = ?";
