@@ -404,7 +404,9 @@ impl Model for Protocol {
         vec![
             Property::always(
                 "every effect at most once unless its policy is rerun",
-                |model: &Protocol, state: &State| model.policy == Policy::Rerun || state.stalled || state.charges.len() <= 1,
+                |model: &Protocol, state: &State| {
+                    model.policy == Policy::Rerun || state.stalled || state.charges.len() <= 1
+                },
             ),
             Property::always("every answer is the recorded one", |_, state: &State| {
                 let oks: Vec<u8> = state
@@ -423,16 +425,22 @@ impl Model for Protocol {
             Property::sometimes("a charge is answered", |_, state: &State| {
                 state.answers.iter().any(|a| matches!(a, Answer::Ok(_)))
             }),
-            Property::sometimes("a crashed holder's charge is answered by its successor", |_, state: &State| {
-                state.callers.contains(&Pc::Crashed)
-                    && state.charges.len() == 1
-                    && state.answers.iter().any(|a| matches!(a, Answer::Ok(_)))
-                    && state.record.is_some_and(|r| r.fence > 1)
-            }),
+            Property::sometimes(
+                "a crashed holder's charge is answered by its successor",
+                |_, state: &State| {
+                    state.callers.contains(&Pc::Crashed)
+                        && state.charges.len() == 1
+                        && state.answers.iter().any(|a| matches!(a, Answer::Ok(_)))
+                        && state.record.is_some_and(|r| r.fence > 1)
+                },
+            ),
             // What rerun is: a crash after the charge, and the successor charges again.
-            Property::sometimes("a rerun repeats an effect with no stall", |model: &Protocol, state: &State| {
-                model.policy == Policy::Rerun && !state.stalled && state.charges.len() >= 2
-            }),
+            Property::sometimes(
+                "a rerun repeats an effect with no stall",
+                |model: &Protocol, state: &State| {
+                    model.policy == Policy::Rerun && !state.stalled && state.charges.len() >= 2
+                },
+            ),
         ]
     }
 }

@@ -1,5 +1,6 @@
 //! The repository's own scripts under `.ci/`, for the tests that start, stop and fail
-//! over servers with them, and its examples, for the tests that run them as a user does.
+//! over servers with them, and its examples and the `idem` command, for the tests that
+//! run them as a user does.
 // Each test binary includes this file and uses part of it.
 #![allow(dead_code)]
 
@@ -29,4 +30,17 @@ pub fn example_binary(name: &str) -> String {
     assert!(built.success(), "the example {name} builds");
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
     format!("{target}/debug/examples/{name}")
+}
+
+/// The path of the `idem` command (crate `idem-cli`), built first (in
+/// `CARGO_TARGET_DIR` when it is set).
+pub fn cli_binary() -> String {
+    let built = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", "idem-cli", "--bin", "idem"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo");
+    assert!(built.success(), "the idem command builds");
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
+    format!("{target}/debug/idem")
 }
