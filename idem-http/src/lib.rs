@@ -135,7 +135,9 @@ pub use layer::{
     CallerNamed, CallerUnnamed, ClientErrors, IdempotencyLayer, NamesItsCallers, DEFAULT_BODY_LIMIT,
     DEFAULT_RESPONSE_LIMIT,
 };
-pub use outgoing::{outgoing_key, IdempotencyKeyExt, NoCall, IDEMPOTENCY_KEY};
+pub use outgoing::{
+    grpc_status_is_ambiguous, outgoing_key, IdempotencyKeyExt, NoCall, OutgoingKey, OutgoingKeyLayer, IDEMPOTENCY_KEY,
+};
 pub use problem::Problem;
 pub use recorded::REPLAYED_HEADER;
 pub use service::{IdempotencyService, ResponseFuture};

@@ -4,6 +4,9 @@
 //!
 //! [`Context::effect_key`]: idem_runtime::Context::effect_key
 
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
 use http::header::{HeaderName, HeaderValue};
 
 /// The header's name, lower-case as HTTP/2 sends it.
@@ -77,4 +80,79 @@ impl IdempotencyKeyExt for reqwest::RequestBuilder {
     fn idempotency_key(self, effect: &str) -> Result<Self, NoCall> {
         Ok(self.header(IDEMPOTENCY_KEY, outgoing_key(effect)?))
     }
+}
+
+/// A tower layer for a client (a tonic `Channel`, a hyper client): every request sent
+/// through it inside an idempotent call carries the `Idempotency-Key` of the call's
+/// effect `effect` — the same key on every retry and takeover of the call, so a server
+/// behind [`IdempotencyLayer`](crate::IdempotencyLayer) (or any that honours the header)
+/// answers a repeat with its first answer. Outside a call the request goes as it is.
+///
+/// ```
+/// use idem_http::OutgoingKeyLayer;
+/// use tower_layer::Layer;
+/// # fn demo(channel: impl tower_service::Service<http::Request<()>>) {
+/// let bank = OutgoingKeyLayer::new("charge").layer(channel);
+/// # let _ = bank; }
+/// ```
+#[derive(Debug, Clone)]
+pub struct OutgoingKeyLayer {
+    effect: Arc<str>,
+}
+
+impl OutgoingKeyLayer {
+    /// Keys for the effect `effect` of the running call.
+    pub fn new(effect: &str) -> Self {
+        Self { effect: effect.into() }
+    }
+}
+
+impl<S> tower_layer::Layer<S> for OutgoingKeyLayer {
+    type Service = OutgoingKey<S>;
+
+    fn layer(&self, inner: S) -> OutgoingKey<S> {
+        OutgoingKey {
+            inner,
+            effect: self.effect.clone(),
+        }
+    }
+}
+
+/// The client service of [`OutgoingKeyLayer`].
+#[derive(Debug, Clone)]
+pub struct OutgoingKey<S> {
+    inner: S,
+    effect: Arc<str>,
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for OutgoingKey<S>
+where
+    S: tower_service::Service<http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        // The call's context is the caller's task's: read here, where the call is made.
+        if let Ok(key) = outgoing_key(&self.effect) {
+            request.headers_mut().insert(IDEMPOTENCY_KEY, key);
+        }
+        self.inner.call(request)
+    }
+}
+
+/// Whether a gRPC call that ended with status `code` may have taken effect: it was
+/// cut off (`DEADLINE_EXCEEDED`, `CANCELLED`, `UNAVAILABLE` once sent) or failed inside
+/// the server (`UNKNOWN`, `INTERNAL`, `DATA_LOSS`, `ABORTED`). The statuses of a refusal
+/// (`INVALID_ARGUMENT`, `NOT_FOUND`, `PERMISSION_DENIED`, `FAILED_PRECONDITION`, …) say
+/// it did not. For [`Step::ambiguous_if`](idem_runtime::Step::ambiguous_if).
+pub fn grpc_status_is_ambiguous(code: i32) -> bool {
+    // CANCELLED 1, UNKNOWN 2, DEADLINE_EXCEEDED 4, ABORTED 10, INTERNAL 13,
+    // UNAVAILABLE 14, DATA_LOSS 15.
+    matches!(code, 1 | 2 | 4 | 10 | 13 | 14 | 15)
 }

@@ -135,3 +135,42 @@ async fn a_call_without_a_caller_is_unauthenticated() {
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
     assert_eq!(charges(&bank), 0);
 }
+
+/// A tonic client through `OutgoingKeyLayer`, inside an idempotent call: each request
+/// carries the call's effect key, so the server behind the layer charges once and
+/// answers the repeat with the first receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_through_the_outgoing_layer_sends_the_calls_key() {
+    use tower_layer::Layer;
+    let (channel, bank) = start(Duration::ZERO, Duration::ZERO).await;
+    let op = idem::Idempotent::new("grpc.outgoing").store(Arc::new(idem::MemoryStore::new()));
+    let receipts: (u64, u64) = op
+        .execute(&key(), async {
+            let keyed = idem::http::OutgoingKeyLayer::new("charge").layer(channel);
+            let client = tonic::client::Grpc::new(keyed);
+            let send = || {
+                let mut call = tonic::Request::new(request(100));
+                call.metadata_mut()
+                    .insert("authorization", "Bearer ada".parse().unwrap());
+                let mut client = client.clone();
+                async move {
+                    client.ready().await.unwrap();
+                    let path = http::uri::PathAndQuery::from_static(example::PAY);
+                    client
+                        .unary::<_, example::Receipt, _>(call, path, tonic_prost::ProstCodec::default())
+                        .await
+                        .unwrap()
+                        .into_inner()
+                }
+            };
+            let first = send().await;
+            let again = send().await;
+            Ok::<_, idem::Error>((first.charge_id, again.charge_id))
+        })
+        .await
+        .unwrap();
+    assert_eq!(receipts.0, receipts.1, "the repeat got the first receipt");
+    assert_eq!(charges(&bank), 1, "charged once");
+    assert!(idem::http::grpc_status_is_ambiguous(Code::DeadlineExceeded as i32));
+    assert!(!idem::http::grpc_status_is_ambiguous(Code::InvalidArgument as i32));
+}
