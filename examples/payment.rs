@@ -54,6 +54,9 @@ struct Receipt {
 enum PayError {
     #[error(transparent)]
     Idem(#[from] idem::Error),
+    /// The worst case's bank, whose charges are rows in the database.
+    #[error("the bank failed: {0}")]
+    Bank(#[from] sqlx::Error),
 }
 
 /// The bank: slow, and it charges whatever it is asked to.

@@ -240,6 +240,34 @@ impl Bench {
         format!("{}-{name}", self.bank.run)
     }
 
+    /// Settle `key`'s `step` (the body: `""`) as `settlement`, which must settle it.
+    async fn settle(&self, key: &str, step: &str, settlement: Settlement) {
+        let settled = repair::settle(&*self.store, "unknown.kill", key, step, settlement)
+            .await
+            .unwrap();
+        assert!(
+            matches!(settled, Settle::Settled { .. }),
+            "{}: {settled:?}",
+            self.backend
+        );
+    }
+
+    /// The bank charged `key` once, and `answer` is that charge.
+    async fn charged_once(&self, key: &str, answer: &str, what: &str) {
+        assert_eq!(
+            self.bank.charges(key).await,
+            vec![answer.to_owned()],
+            "{}: {what}",
+            self.backend
+        );
+    }
+
+    /// The bank charged `key` `times`, or the test fails saying `what`.
+    async fn charged(&self, key: &str, times: usize, what: &str) {
+        let charges = self.bank.charges(key).await;
+        assert_eq!(charges.len(), times, "{}: {what}: {charges:?}", self.backend);
+    }
+
     /// A holder that stops where `hang` says under `policy`, and dies there: a worker
     /// process SIGKILLed, or (memory) a task aborted.
     async fn kill_holder(&self, key: &str, policy: Policy, hang: Hang) {
@@ -372,28 +400,16 @@ async fn failed_closed_after_a_kill(bench: &Bench) {
         "{}: the intent names the charge's reference",
         bench.backend
     );
-    let settled = repair::settle(
-        &*bench.store,
-        "unknown.kill",
-        &key,
-        "charge",
-        Settlement::Done(serde_json::to_string(&charges[0]).unwrap()),
-    )
-    .await
-    .unwrap();
-    assert!(
-        matches!(settled, Settle::Settled { .. }),
-        "{}: {settled:?}",
-        bench.backend
-    );
+    bench
+        .settle(
+            &key,
+            "charge",
+            Settlement::Done(serde_json::to_string(&charges[0]).unwrap()),
+        )
+        .await;
     let answer = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await.unwrap();
     assert_eq!(answer, charges[0], "{}: the settled value is replayed", bench.backend);
-    assert_eq!(
-        bench.bank.charges(&key).await.len(),
-        1,
-        "{}: still one charge",
-        bench.backend
-    );
+    bench.charged(&key, 1, "still one charge").await;
     assert!(matches!(
         repair::settle(&*bench.store, "unknown.kill", &key, "charge", Settlement::NotDone)
             .await
@@ -410,21 +426,11 @@ async fn settled_not_done_runs(bench: &Bench) {
     let lookups = AtomicUsize::new(0);
     assert!(unknown(&bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await));
     assert!(bench.bank.charges(&key).await.is_empty());
-    let settled = repair::settle(&*bench.store, "unknown.kill", &key, "charge", Settlement::NotDone)
-        .await
-        .unwrap();
-    assert!(
-        matches!(settled, Settle::Settled { .. }),
-        "{}: {settled:?}",
-        bench.backend
-    );
+    bench.settle(&key, "charge", Settlement::NotDone).await;
     let answer = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await.unwrap();
-    assert_eq!(
-        bench.bank.charges(&key).await,
-        vec![answer],
-        "{}: charged once, by the call after the settling",
-        bench.backend
-    );
+    bench
+        .charged_once(&key, &answer, "charged once, by the call after the settling")
+        .await;
 }
 
 /// The bank charges and never answers: `reconcile` asks it in the same call and returns
@@ -436,24 +442,14 @@ async fn a_timeout_is_settled_in_the_same_call(bench: &Bench) {
         .pay(&key, Policy::Reconcile, Hang::TimeOut, &lookups)
         .await
         .unwrap();
-    assert_eq!(
-        bench.bank.charges(&key).await,
-        vec![answer],
-        "{}: one charge, returned",
-        bench.backend
-    );
+    bench.charged_once(&key, &answer, "one charge, returned").await;
     assert_eq!(lookups.load(Ordering::SeqCst), 1);
     let key = bench.key("timeout-fail-closed");
     assert!(unknown(
         &bench.pay(&key, Policy::FailClosed, Hang::TimeOut, &lookups).await
     ));
     assert!(unknown(&bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await));
-    assert_eq!(
-        bench.bank.charges(&key).await.len(),
-        1,
-        "{}: the duplicate did not charge",
-        bench.backend
-    );
+    bench.charged(&key, 1, "the duplicate did not charge").await;
 }
 
 /// Without a policy, the retry charges again: the window itself, so that the tests
@@ -465,12 +461,7 @@ async fn without_a_policy_the_retry_charges_twice(bench: &Bench) {
         .pay(&key, Policy::Rerun, Hang::No, &AtomicUsize::new(0))
         .await
         .unwrap();
-    assert_eq!(
-        bench.bank.charges(&key).await.len(),
-        2,
-        "{}: the rerun charged again",
-        bench.backend
-    );
+    bench.charged(&key, 2, "the rerun charged again").await;
 }
 
 /// A whole body (`on_takeover`) killed after its charge: reconciled once, or failed
@@ -483,12 +474,7 @@ async fn whole_bodies_after_a_kill(bench: &Bench) {
         .pay(&key, Policy::WholeReconcile, Hang::No, &lookups)
         .await
         .unwrap();
-    assert_eq!(
-        bench.bank.charges(&key).await,
-        vec![answer],
-        "{}: the body charged once",
-        bench.backend
-    );
+    bench.charged_once(&key, &answer, "the body charged once").await;
     assert_eq!(lookups.load(Ordering::SeqCst), 1, "{}: one lookup", bench.backend);
 
     let key = bench.key("whole-fail-closed");
@@ -506,20 +492,13 @@ async fn whole_bodies_after_a_kill(bench: &Bench) {
     let charges = bench.bank.charges(&key).await;
     assert_eq!(charges.len(), 1, "{}: not charged again: {charges:?}", bench.backend);
     let value = serde_json::to_string(&charges[0]).unwrap();
-    let settled = repair::settle(&*bench.store, "unknown.kill", &key, "", Settlement::Done(value))
-        .await
-        .unwrap();
-    assert!(
-        matches!(settled, Settle::Settled { .. }),
-        "{}: {settled:?}",
-        bench.backend
-    );
+    bench.settle(&key, "", Settlement::Done(value)).await;
     let answer = bench
         .pay(&key, Policy::WholeFailClosed, Hang::No, &lookups)
         .await
         .unwrap();
     assert_eq!(answer, charges[0], "{}: the settled response", bench.backend);
-    assert_eq!(bench.bank.charges(&key).await.len(), 1);
+    bench.charged(&key, 1, "the settled response charged nothing").await;
 }
 
 async fn every_scenario(backend: &'static str) {

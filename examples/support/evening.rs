@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{idempotent, Lookup, Step};
+
+use super::{PayError, PayRequest, USERS};
 use serde::{Deserialize, Serialize};
 use sqlx::AnyPool;
 
@@ -51,28 +53,12 @@ pub struct Options {
 
 /// How long the bank takes for one charge (it serves one at a time).
 const CHARGE_TIME: Duration = Duration::from_millis(110);
-const USERS: usize = 37;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct PayRequest {
-    request_id: String,
-    user: String,
-    cents: i64,
-}
 
 /// What the bank answers a charge: its reference and amount.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Charge {
     reference: String,
     cents: i64,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum PayError {
-    #[error(transparent)]
-    Idem(#[from] idem::Error),
-    #[error("the bank failed: {0}")]
-    Bank(#[from] sqlx::Error),
 }
 
 /// The bank that forgets keys.
@@ -88,22 +74,15 @@ struct Bank {
 impl Bank {
     /// `?` placeholders as the database wants them (`$1`, `$2` on PostgreSQL).
     fn sql(&self, text: &str) -> String {
-        if !self.numbered {
-            return text.to_owned();
+        if self.numbered {
+            idem::sql::numbered(text)
+        } else {
+            text.to_owned()
         }
-        let mut n = 0;
-        text.chars()
-            .map(|c| match c {
-                '?' => {
-                    n += 1;
-                    format!("${n}")
-                }
-                c => c.to_string(),
-            })
-            .collect()
     }
 
-    async fn charge(&self, reference: &str, user: &str, cents: i64) -> Result<Charge, PayError> {
+    async fn charge(&self, reference: &str, user: &str, cents: u64) -> Result<Charge, PayError> {
+        let cents = i64::try_from(cents).expect("an amount in cents");
         tokio::time::sleep(CHARGE_TIME).await;
         sqlx::query(&self.sql("INSERT INTO bank_charges (reference, user_name, cents) VALUES (?, ?, ?)"))
             .bind(reference)

@@ -76,6 +76,7 @@ pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
+pub use statements::numbered;
 pub use table::DEFAULT_TABLE;
 
 /// How many records of one biz are in one status, and how many of those expired

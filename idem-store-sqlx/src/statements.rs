@@ -244,8 +244,14 @@ pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
     }
 }
 
-/// `?, ?` → `$1, $2`.
-pub(crate) fn numbered(text: &str) -> String {
+/// A statement written with `?` placeholders (SQLite's and MySQL's), numbered as
+/// PostgreSQL wants them: `?, ?` → `$1, $2`. For statements of your own beside the
+/// store's, written once for every database.
+///
+/// ```
+/// assert_eq!(idem_store_sqlx::numbered("UPDATE t SET a = ? WHERE b = ?"), "UPDATE t SET a = $1 WHERE b = $2");
+/// ```
+pub fn numbered(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     let mut n = 0;
     for c in text.chars() {

@@ -156,16 +156,7 @@ impl Effects {
 
     fn sql(&self, text: &str) -> String {
         if self.numbered {
-            let mut n = 0;
-            text.chars()
-                .map(|c| match c {
-                    '?' => {
-                        n += 1;
-                        format!("${n}")
-                    }
-                    c => c.to_string(),
-                })
-                .collect()
+            idem::sql::numbered(text)
         } else {
             text.to_owned()
         }
