@@ -252,6 +252,29 @@ impl Bench {
         );
     }
 
+    /// The keys the store lists as unsettled (what `idem unknown` prints); `None` for
+    /// the memory store, which has no listing.
+    async fn listed(&self) -> Option<Vec<String>> {
+        let biz = Some("unknown.kill");
+        let records = if self.backend == "memory" {
+            return None;
+        } else if self.backend == "redis" {
+            let redis = idem::RedisStore::connect(&self.url).await.unwrap();
+            redis.unsettled(biz, 1000).await.unwrap()
+        } else {
+            let any = self.store.as_any().expect("a SQL store");
+            if let Some(store) = any.downcast_ref::<idem::SqliteStore>() {
+                store.unsettled(biz, 1000).await.unwrap()
+            } else if let Some(store) = any.downcast_ref::<idem::PostgresStore>() {
+                store.unsettled(biz, 1000).await.unwrap()
+            } else {
+                let store = any.downcast_ref::<idem::MySqlStore>().expect("a MySQL store");
+                store.unsettled(biz, 1000).await.unwrap()
+            }
+        };
+        Some(records.into_iter().map(|record| record.key).collect())
+    }
+
     /// The bank charged `key` once, and `answer` is that charge.
     async fn charged_once(&self, key: &str, answer: &str, what: &str) {
         assert_eq!(
@@ -395,6 +418,13 @@ async fn failed_closed_after_a_kill(bench: &Bench) {
     assert_eq!(charges.len(), 1, "{}: never charged again: {charges:?}", bench.backend);
     let record = bench.store.get("unknown.kill", &key).await.unwrap().unwrap();
     let intent = idem::unknown::unsettled(&record).expect("the record is unsettled");
+    if let Some(listed) = bench.listed().await {
+        assert!(
+            listed.contains(&key),
+            "{}: `idem unknown` lists it: {listed:?}",
+            bench.backend
+        );
+    }
     assert!(
         charges[0].starts_with(&intent.effect_key),
         "{}: the intent names the charge's reference",
@@ -407,6 +437,9 @@ async fn failed_closed_after_a_kill(bench: &Bench) {
             Settlement::Done(serde_json::to_string(&charges[0]).unwrap()),
         )
         .await;
+    if let Some(listed) = bench.listed().await {
+        assert!(!listed.contains(&key), "{}: settled, no longer listed", bench.backend);
+    }
     let answer = bench.pay(&key, Policy::FailClosed, Hang::No, &lookups).await.unwrap();
     assert_eq!(answer, charges[0], "{}: the settled value is replayed", bench.backend);
     bench.charged(&key, 1, "still one charge").await;
@@ -564,4 +597,17 @@ async fn an_operation_that_requires_a_policy_refuses_a_step_without_one() {
         .await
         .unwrap();
     assert_eq!((ran, effects.load(Ordering::SeqCst)), (1, 1));
+}
+
+/// The attribute's `outcome_policy = required` is the builder's `require_outcome_policy`.
+#[idempotent(key = key, biz = "unknown.required", store = store, outcome_policy = required)]
+async fn charge_with_a_bare_step(store: &Store, key: &str) -> Result<u32, Error> {
+    idem::step("charge", async { Ok::<_, Error>(1) }).await
+}
+
+#[tokio::test]
+async fn the_attribute_can_require_a_policy_too() {
+    let store: Store = Arc::new(idem::MemoryStore::new());
+    let refused = charge_with_a_bare_step(&store, "k").await;
+    assert!(matches!(refused, Err(Error::InvalidStep { .. })), "{refused:?}");
 }

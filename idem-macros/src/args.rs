@@ -14,7 +14,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 13] = [
+const OPTIONS: [&str; 14] = [
     "key",
     "biz",
     "ttl",
@@ -23,6 +23,7 @@ const OPTIONS: [&str; 13] = [
     "clock_tolerance",
     "on_error",
     "on_takeover",
+    "outcome_policy",
     "wait",
     "payload",
     "store",
@@ -103,6 +104,19 @@ fn on_takeover(value: &Expr) -> darling::Result<(OnTakeover, Span)> {
             }
         }
         other => Err(Error::custom(hint).with_span(other)),
+    }
+}
+
+/// `outcome_policy = required`: every step must declare what to do when its outcome is
+/// unknown.
+fn outcome_policy(value: &Expr) -> darling::Result<Span> {
+    match value {
+        Expr::Path(path) if path.path.is_ident("required") => Ok(path.span()),
+        other => Err(Error::custom(
+            "`outcome_policy` takes `required`: every step of the operation must say what to do when its \
+             outcome is unknown (`Step::reconcile` or `Step::fail_closed`); leave the option out otherwise",
+        )
+        .with_span(other)),
     }
 }
 
@@ -225,6 +239,8 @@ pub struct Args {
     /// `Release` or `Record`, as written.
     pub on_error: Option<Ident>,
     pub on_takeover: Option<OnTakeover>,
+    /// `outcome_policy = required`.
+    pub outcome_policy_required: bool,
     pub payload: Option<Expr>,
     pub store: Option<Expr>,
     /// The parameter holding the caller's transaction (transactional mode).
@@ -278,6 +294,7 @@ impl Args {
                 "mode" => options.mode = errors.handle(Variant::<ModeOption>::from_expr(value).map(|v| v.0)),
                 "on_error" => options.on_error = errors.handle(Variant::<OnErrorOption>::from_expr(value).map(|v| v.0)),
                 "on_takeover" => options.on_takeover = errors.handle(on_takeover(value)),
+                "outcome_policy" => options.outcome_policy = errors.handle(outcome_policy(value)),
                 "payload" => {
                     options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
                 }
@@ -324,6 +341,7 @@ impl Args {
             mode: options.mode,
             on_error: options.on_error,
             on_takeover: options.on_takeover.map(|(policy, _)| policy),
+            outcome_policy_required: options.outcome_policy.is_some(),
             payload: options.payload,
             store: options.store,
             tx: options.tx,
@@ -345,6 +363,7 @@ struct Options {
     mode: Option<Ident>,
     on_error: Option<Ident>,
     on_takeover: Option<(OnTakeover, Span)>,
+    outcome_policy: Option<Span>,
     payload: Option<Expr>,
     store: Option<Expr>,
     tx: Option<Ident>,
@@ -370,6 +389,15 @@ fn transactional_conflicts(tx: &Ident, seen: &[Ident], options: &Options) -> Vec
                  over. Remove `{option}` (`wait` bounds how long a duplicate waits for the row lock)"
             ))
             .with_span(name),
+        );
+    }
+    if let Some(span) = &options.outcome_policy {
+        errors.push(
+            Error::custom(format!(
+                "`outcome_policy` has no meaning with `tx = {tx}`: a transactional body runs no steps (their \
+                 record would roll back with the transaction), so no effect's outcome is ever unknown to idem"
+            ))
+            .with_span(span),
         );
     }
     if let Some((_, span)) = &options.on_takeover {

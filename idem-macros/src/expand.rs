@@ -68,6 +68,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let duration_checks = quote!(#(#duration_checks)*);
     let duration_setters = quote!(#(#duration_setters)*);
     let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));
+    let outcome_policy = args.outcome_policy_required.then(|| quote!(.require_outcome_policy()));
     let on_error = args
         .on_error
         .map(|variant| quote!(.on_error(#krate::OnError::#variant)));
@@ -141,7 +142,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let statements = quote! {
             #duration_checks
             #key_stmt
-            let __idem_op = #krate::Idempotent::new(#biz) #duration_setters #mode #on_error;
+            let __idem_op = #krate::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy;
             #ttl_expr
             #payload
             #store_stmt

@@ -92,6 +92,10 @@ mod item;
 ///   happened: `Done(value)` is recorded and returned, `NotDone` runs the body,
 ///   `CannotTell` fails closed. The intent is one more write before the body. Not with
 ///   `tx` (a compile error: nothing is taken over there).
+/// - `outcome_policy` (default: none): `required` refuses every step of the operation
+///   that does not say what to do when its outcome is unknown (`Step::reconcile` or
+///   `Step::fail_closed`): it fails with `idem::Error::InvalidStep` before its effect
+///   runs. For money-moving operations, so that nobody forgets. Not with `tx`.
 /// - `wait` (default: none): a duplicate that finds the first call running waits up to
 ///   this long for its result instead of failing with `idem::Error::InProgress`.
 /// - `payload` (default: none): an expression whose value is `Serialize`; its fingerprint
