@@ -76,6 +76,7 @@ pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use statements::numbered;
 pub use table::DEFAULT_TABLE;
 
