@@ -694,10 +694,12 @@ async fn failing_rows_are_parked<DB: idem::amqp::OutboxDatabase>(url: &str, pool
     let deadline = Instant::now() + Duration::from_secs(20);
     let counts = loop {
         let counts = outbox.counts(&pool).await.unwrap();
-        if counts.dead == 2 && counts.sent == good {
+        // The rows in the table, and the relay's figures (counted just after each write).
+        let stats = relay.stats();
+        if counts.dead == 2 && counts.sent == good && stats.parked == 2 && stats.marked_sent == good as u64 {
             break counts;
         }
-        assert!(Instant::now() < deadline, "{name}: {counts:?} {:?}", relay.stats());
+        assert!(Instant::now() < deadline, "{name}: {counts:?} {stats:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!((counts.pending, counts.retrying), (0, 0), "{name}: {counts:?}");

@@ -493,8 +493,9 @@ struct Counters {
 impl Counters {
     /// `n` more of `counter`, also counted as `outcome` of `outbox` in the metrics.
     fn count(&self, counter: &AtomicU64, outbox: &str, outcome: &'static str, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+        // The metric first: whoever reads the figure then finds the metric counted too.
         crate::observe::relay_rows(outbox, outcome, n);
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 
     fn snapshot(&self) -> RelayStats {
