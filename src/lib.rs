@@ -299,7 +299,8 @@
 //! `redis` adds `RedisStore` (one Redis server or a Redis Cluster). `metrics` counts
 //! every call through the `metrics` facade ([`observe`] lists the metrics).
 //! `http` adds `idem::http`, the `Idempotency-Key` layer for tower and axum, and
-//! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder`. `amqp` adds
+//! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder` and
+//! `KeyedClient`, `http-tonic` the `GrpcRetryLayer` for tonic clients. `amqp` adds
 //! `idem::amqp`: RabbitMQ consumers that ack only what is recorded, and the outbox
 //! relay.
 //!

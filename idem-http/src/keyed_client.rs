@@ -13,10 +13,11 @@
 
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use http::StatusCode;
 
 use crate::outgoing::{outgoing_key, NoCall, IDEMPOTENCY_KEY};
+use crate::tries::Tries;
 
 /// The longest `Retry-After` waited for; a longer one is cut to this.
 const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(30);
@@ -37,9 +38,7 @@ const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct KeyedClient {
     client: reqwest::Client,
-    attempts: usize,
-    first_pause: Duration,
-    longest_pause: Duration,
+    tries: Tries,
 }
 
 /// Why a keyed request did not come back with an answer to return.
@@ -107,22 +106,19 @@ impl KeyedClient {
     pub fn new(client: reqwest::Client) -> Self {
         Self {
             client,
-            attempts: 4,
-            first_pause: Duration::from_millis(100),
-            longest_pause: Duration::from_secs(2),
+            tries: Tries::default(),
         }
     }
 
     /// How many tries at most (at least 1).
     pub fn attempts(mut self, attempts: usize) -> Self {
-        self.attempts = attempts.max(1);
+        self.tries = self.tries.attempts(attempts);
         self
     }
 
     /// The first pause between tries and the longest.
     pub fn pauses(mut self, first: Duration, longest: Duration) -> Self {
-        self.first_pause = first;
-        self.longest_pause = longest.max(first);
+        self.tries = self.tries.pauses(first, longest);
         self
     }
 
@@ -138,15 +134,7 @@ impl KeyedClient {
             .header(IDEMPOTENCY_KEY, outgoing_key(effect)?)
             .build()
             .map_err(SendError::Invalid)?;
-        let retries = if request.try_clone().is_some() {
-            self.attempts - 1
-        } else {
-            0
-        };
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(self.first_pause)
-            .with_max_delay(self.longest_pause)
-            .with_max_times(retries);
+        let backoff = self.tries.backoff(request.try_clone().is_some());
         let tries = std::sync::atomic::AtomicUsize::new(0);
         let mut once = Some(request);
         let attempt = || {

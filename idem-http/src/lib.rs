@@ -103,7 +103,9 @@
 //! implements (not all of tower); `axum` (feature `axum`, on by default) only to read
 //! the matched route; `reqwest` (feature `reqwest`) for [`IdempotencyKeyExt`] on its
 //! request builder and for `KeyedClient`, whose retries (with backoff and `Retry-After`)
-//! are `backon`'s and whose error is a `thiserror` enum.
+//! are `backon`'s and whose error is a `thiserror` enum; `tonic` (feature `tonic`) for
+//! `GrpcRetryLayer`, which retries a tonic client's calls with their key (its body and
+//! status types, and its own mapping of transport errors to statuses).
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
@@ -114,6 +116,8 @@ mod body;
 mod body_print;
 mod caller;
 mod grpc;
+#[cfg(feature = "tonic")]
+pub mod grpc_retry;
 mod key;
 #[cfg(feature = "reqwest")]
 mod keyed_client;
@@ -124,9 +128,14 @@ mod recorded;
 mod scope;
 mod service;
 mod started;
+#[cfg(any(feature = "reqwest", feature = "tonic"))]
+mod tries;
 
 pub use body::IdempotencyBody;
 pub use body_print::BodyFingerprint;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use grpc_retry::{grpc_outcome_is_unknown, GrpcRetry, GrpcRetryLayer};
 pub use key::MAX_KEY_BYTES;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
