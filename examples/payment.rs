@@ -128,14 +128,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // The error and each of its causes, in words.
-            let mut text = error.to_string();
-            let mut cause = error.source();
-            while let Some(next) = cause {
-                text.push_str(": ");
-                text.push_str(&next.to_string());
-                cause = next.source();
-            }
-            eprintln!("payment: {text}");
+            eprintln!("payment: {}", idem::error_chain(error.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

@@ -42,18 +42,9 @@
 //!
 //! # The attribute
 //!
-//! | option | value | default | meaning |
-//! |---|---|---|---|
-//! | `key` | expression, as a string `"req.id"` or bare | required | evaluated by reference before the body; its value must implement `Display` |
-//! | `biz` | string literal, 1..=64 chars | required | business namespace; `(biz, key)` is unique |
-//! | `ttl` | duration string (`ms s m h d`, combinable: `"1h30m"`) | `"24h"` | how long a finished record answers duplicates, counted from completion |
-//! | `mode` | `ReturnFirst` or `Reject` | `ReturnFirst` | a duplicate of a finished call gets the first `Ok` value, or [`Error::Duplicate`] |
-//! | `lease` | duration string | `"30s"` | how long a PROCESSING claim is respected; a heartbeat renews it while the body runs |
-//! | `on_error` | `Release` or `Record` | `Release` | body returned `Err`: delete the claim (a retry runs again), or record FAIL ([`Error::PreviousFailed`] until `ttl`) |
-//! | `wait` | duration string | none | a duplicate that finds the first call running waits this long for its outcome instead of [`Error::InProgress`] |
-//! | `payload` | `Serialize` expression | none | its fingerprint is stored; same key, other payload → [`Error::PayloadMismatch`] (see below) |
-//! | `store` | `&S` (`S: Clone`), `Arc<S>` or `Arc<dyn IdempotencyStore>` | the [`install`]ed store | which store to use; a borrowed store is cloned (a cheap handle) only to record an outcome after its caller is gone |
-//! | `crate` | path | `::idem` | where this crate is, when renamed |
+//! Every option (`key`, `biz`, `ttl`, `mode`, `lease`, `clock_tolerance`, `on_error`,
+//! `wait`, `payload`, `store`, `tx`, `on_takeover`, `outcome_policy`, `crate`) is
+//! documented once, on the attribute: [`idempotent`](macro@idempotent#options).
 //!
 //! The function must be an `async fn` returning `Result<T, E>` with
 //! `T: Serialize + DeserializeOwned` (the replayed value) and `E: From<idem::Error>`.
@@ -129,9 +120,11 @@
 //! Decisions where the design is silent: a record written without a payload
 //! fingerprint matches any payload; the body's `Err` is always returned to the caller
 //! as it was; under `on_error = Record` the FAIL record keeps the error's `Display`
-//! text (its type name where it has none, and always through the builder); all instants
-//! come from the caller's clock (hosts must keep their clocks in sync to well within a
-//! lease).
+//! text (its type name where it has none, and always through the builder). A database
+//! server judges leases and expiry by its own clock, so hosts whose clocks disagree
+//! never take over each other's running bodies; `MemoryStore` by a steady clock of its
+//! own; SQLite by the host's wall clock (docs/RELIABILITY.md, "Clocks", states each
+//! window).
 
 //! # In an axum handler
 //!
@@ -338,9 +331,9 @@ pub use idem_runtime::token;
 pub use idem_runtime::unknown;
 pub use idem_runtime::unordered;
 pub use idem_runtime::{
-    context, install, installed, step, Context, Error, IdempotencyStore, Idempotent, Intent, IntoSharedStore,
-    LeaseClock, Lookup, MemoryStore, Mode, OnError, Record, Status, Step, TieredStore, Unordered, DEFAULT_LEASE,
-    DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
+    context, error_chain, install, installed, step, Context, Error, IdempotencyStore, Idempotent, Intent,
+    IntoSharedStore, LeaseClock, Lookup, MemoryStore, Mode, OnError, Record, Status, Step, TieredStore, Unordered,
+    DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::redacted_url as redacted;
-use idem_runtime::{IdempotencyStore, Record, StoreError};
+use idem_runtime::{error_chain as chain, IdempotencyStore, Record, StoreError};
 
 use crate::args::Command;
 use idem_store_redis::RedisStore;
@@ -175,55 +175,5 @@ impl Store {
 
     pub async fn purge(&self, batch: u64) -> Result<u64, StoreError> {
         self.shared().purge_expired(SystemTime::now(), batch).await
-    }
-}
-
-/// An error and its causes, `: `-joined; a cause whose text the message already holds
-/// (a driver's error that prints its source inside its own message) is said once.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(next) = cause {
-        let said = next.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = next.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::chain;
-
-    /// An error whose message may hold its source's text, as drivers' errors do.
-    #[derive(Debug)]
-    struct Wrapped(String, Option<std::io::Error>);
-
-    impl std::fmt::Display for Wrapped {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(&self.0)
-        }
-    }
-
-    impl std::error::Error for Wrapped {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            self.1.as_ref().map(|e| e as _)
-        }
-    }
-
-    #[test]
-    fn a_cause_is_said_once() {
-        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        let driver = Wrapped(
-            format!("error communicating with database: {}", refused()),
-            Some(refused()),
-        );
-        let text = chain(&driver);
-        assert_eq!(text.matches(&refused().to_string()).count(), 1, "{text}");
-        let plain = Wrapped("pool timed out".to_owned(), Some(refused()));
-        assert_eq!(chain(&plain), format!("pool timed out: {}", refused()));
     }
 }

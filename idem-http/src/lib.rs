@@ -117,6 +117,7 @@ mod body_print;
 mod caller;
 mod grpc;
 #[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc_retry;
 mod key;
 #[cfg(feature = "reqwest")]

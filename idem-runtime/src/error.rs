@@ -274,3 +274,60 @@ mod redaction_tests {
         assert_eq!(redacted_url("sqlite://data/idem.db"), "sqlite://data/idem.db");
     }
 }
+
+/// An error and its causes, `: `-joined, as an error reporter prints them; a cause whose
+/// text the message already holds (a driver's error that prints its source inside its
+/// own message) is said once.
+///
+/// ```
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let error = idem_runtime::StoreError::with_source("the store is unreachable", refused);
+/// assert_eq!(idem_runtime::error_chain(&error), "the store is unreachable: connection refused");
+/// ```
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let said = next.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = next.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::error_chain as chain;
+
+    /// An error whose message may hold its source's text, as drivers' errors do.
+    #[derive(Debug)]
+    struct Wrapped(String, Option<std::io::Error>);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_ref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let refused = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let driver = Wrapped(
+            format!("error communicating with database: {}", refused()),
+            Some(refused()),
+        );
+        let text = chain(&driver);
+        assert_eq!(text.matches(&refused().to_string()).count(), 1, "{text}");
+        let plain = Wrapped("pool timed out".to_owned(), Some(refused()));
+        assert_eq!(chain(&plain), format!("pool timed out: {}", refused()));
+    }
+}

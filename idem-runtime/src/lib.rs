@@ -66,7 +66,7 @@ pub use claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 pub use clock::{now, LeaseClock};
 pub use context::{context, Context};
 pub use default_store::{install, installed, IntoSharedStore};
-pub use error::{redacted_url, Error, StoreError};
+pub use error::{error_chain, redacted_url, Error, StoreError};
 pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
 pub use fingerprint::{unordered, Unordered};
 pub use key::{MAX_BIZ_CHARS, MAX_KEY_BYTES, TOKEN_NAMESPACE};

@@ -85,6 +85,15 @@ pub struct Record {
 }
 
 impl Record {
+    /// The recorded steps, by name: each a step's JSON value, or a marker of its intent
+    /// or unknown outcome. Empty when none are recorded.
+    pub(crate) fn steps_map(&self) -> Result<std::collections::BTreeMap<String, String>, serde_json::Error> {
+        match self.steps.as_deref() {
+            None => Ok(Default::default()),
+            Some(json) => serde_json::from_str(json),
+        }
+    }
+
     /// Whether the record counts as absent at `now`.
     pub fn is_expired(&self, now: SystemTime) -> bool {
         self.expires_at <= now

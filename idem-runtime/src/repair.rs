@@ -231,8 +231,8 @@ pub async fn settle(
     let Some(record) = store.get(biz, key).await? else {
         return Ok(Settle::NotFound);
     };
-    let mut steps: std::collections::BTreeMap<String, String> = match record.steps.as_deref() {
-        Some(json) if record.status == Status::Processing => serde_json::from_str(json).map_err(|e| {
+    let mut steps = match record.status {
+        Status::Processing => record.steps_map().map_err(|e| {
             StoreError::new(format!(
                 "the steps of biz `{biz}` key `{key}` are not a JSON object: {e}"
             ))

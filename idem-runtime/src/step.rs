@@ -167,10 +167,7 @@ impl StepLog {
             .await
             .map_err(|e| self.error("get", e))?;
         match record {
-            Some(record) if self.lease.holds(&record) => match record.steps.as_deref() {
-                None => Ok(BTreeMap::new()),
-                Some(json) => serde_json::from_str(json).map_err(|source| self.undecodable(source)),
-            },
+            Some(record) if self.lease.holds(&record) => record.steps_map().map_err(|source| self.undecodable(source)),
             _ => Err(self.lost()),
         }
     }

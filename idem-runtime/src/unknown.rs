@@ -143,11 +143,14 @@ pub fn unsettled(record: &Record) -> Option<Intent> {
     if record.status != Status::Processing {
         return None;
     }
-    let steps: std::collections::BTreeMap<String, String> = serde_json::from_str(record.steps.as_deref()?).ok()?;
-    steps.values().find_map(|entry| match Entry::read(entry) {
-        Entry::Unknown(intent) => Some(intent),
-        _ => None,
-    })
+    record
+        .steps_map()
+        .ok()?
+        .values()
+        .find_map(|entry| match Entry::read(entry) {
+            Entry::Unknown(intent) => Some(intent),
+            _ => None,
+        })
 }
 
 #[cfg(test)]

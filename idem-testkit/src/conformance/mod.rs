@@ -29,16 +29,7 @@ pub fn unique(name: &str) -> String {
 }
 
 /// An error and every cause under it, `: `-joined, as an error reporter prints them.
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(next) = cause {
-        text.push_str(": ");
-        text.push_str(&next.to_string());
-        cause = next.source();
-    }
-    text
-}
+pub use idem::error_chain as chain;
 
 /// The fence a record's life began with: its `created_at` in microseconds.
 pub fn first_fence(record: &idem::Record) -> u64 {
