@@ -200,7 +200,7 @@ mod tests {
         }
     }
 
-    /// SCENARIOS 15: the record changes between a refused upsert and the read that
+    /// The record changes between a refused upsert and the read that
     /// follows. A record that vanished, or became claimable, sends the claim round
     /// again; past the bound it is an error, never a guess.
     #[tokio::test]

@@ -58,11 +58,11 @@
 //!   store with a clock of its own (callers minutes ahead and behind it).
 //! - [`conformance::faulty::FaultyStore`]: wraps a store and fails, delays, or commits
 //!   then fails one chosen call — the faults that break a store's promises.
-//! - [`harness`]: worker processes (the test binary run again on one test), the
+//! - [`harness`] (feature `harness`): worker processes (the test binary run again on one test), the
 //!   business table a body writes ([`harness::Effects`]), libfaketime clock skew for a
 //!   worker, a TCP forwarder that can move or cut a store's address, and the storm of
 //!   concurrent calls through a failover ([`harness::failover::Storm`]).
-//! - [`chaos`]: the history of calls a chaos run records, and the checker that reads it
+//! - [`chaos`] (feature `chaos`): the history of calls a chaos run records, and the checker that reads it
 //!   with the business effects and the faults injected: at most one effect per key
 //!   beyond the runs a fault cut off while they ran, every answer the first, none for
 //!   another payload, no success lost, no lease lost without a fault.
@@ -70,14 +70,24 @@
 //!   bugs, and a real store with short leases — that the kit and the checker are shown
 //!   to fail.
 //!
-//! Dependencies: `idem` (the attribute and the stores the suites run on), `async-trait`
+//! With its default features the kit builds on `idem` without a store backend: a store
+//! written in a crate of its own is certified without compiling sqlx or redis.
+//!
+//! Dependencies: `idem` (the attribute and the store trait; the harness turns on idem's
+//! own stores), `async-trait`
 //! (the fault-injecting store implements the store trait), `tokio` (the runtime of the
 //! tests and workers, the partitionable link), `futures` (races of concurrent calls are
-//! joined), `sqlx` (the business table, one pool for SQLite, PostgreSQL and MariaDB
+//! joined), `sqlx` (feature `harness`: the business table, one pool for SQLite, PostgreSQL and MariaDB
 //! through its `Any` driver), `serde`/`serde_json` (payloads and histories), `thiserror`
 //! (the test application's error).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "chaos")]
+#[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
 pub mod chaos;
 pub mod conformance;
+#[cfg(feature = "harness")]
+#[cfg_attr(docsrs, doc(cfg(feature = "harness")))]
 pub mod harness;
 pub mod mutants;

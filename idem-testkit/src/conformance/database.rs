@@ -143,7 +143,7 @@ pub async fn stuck_and_failed(store: &Store) -> (String, String) {
     (stuck, failed)
 }
 
-/// SCENARIOS 25, with the row the purge guard is for: expired, yet PROCESSING under a
+/// With the row the purge guard is for: expired, yet PROCESSING under a
 /// lease that still runs (written by hand — the executor never leaves one).
 pub async fn purge_never_deletes_a_running_claim<F, Fut>(store: &Store, edit: F)
 where
@@ -171,7 +171,7 @@ where
     );
 }
 
-/// SCENARIOS 12: a PROCESSING record whose lease is missing is never treated as free.
+/// A PROCESSING record whose lease is missing is never treated as free.
 pub async fn processing_without_a_lease_is_never_free<F, Fut>(store: &Store, edit: F)
 where
     F: Fn(&'static str, String) -> Fut,

@@ -108,7 +108,7 @@ async fn until_status(store: &Store, biz: &str, key: &str, status: Status) {
     }
 }
 
-/// Issue 8.1: the body finished, `complete` fails for a moment, and the caller is
+/// The body finished, `complete` fails for a moment, and the caller is
 /// dropped meanwhile: the outcome is still recorded, and nothing runs twice.
 pub async fn outcome_is_recorded_after_the_caller_is_dropped(store: &Store) {
     let faulty = FaultyStore::new(store);
@@ -133,7 +133,7 @@ pub async fn outcome_is_recorded_after_the_caller_is_dropped(store: &Store) {
     assert!(faulty.calls(Op::Complete) >= 4, "the write was retried past the caller");
 }
 
-/// Issue 8.2: `on_error = Record` whose `fail` fails once still records FAIL; a
+/// `on_error = Record` whose `fail` fails once still records FAIL; a
 /// release that fails once still frees the key.
 pub async fn failure_outcomes_are_retried(store: &Store) {
     let faulty = FaultyStore::new(store);
@@ -157,7 +157,7 @@ pub async fn failure_outcomes_are_retried(store: &Store) {
     );
 }
 
-/// Issue 8.3: a claim that waited most of its lease renews it before the body starts,
+/// A claim that waited most of its lease renews it before the body starts,
 /// so a duplicate arriving just after cannot take the key over.
 pub async fn late_claim_renews_before_the_body(store: &Store) {
     let faulty = FaultyStore::new(store);
@@ -180,7 +180,7 @@ pub async fn late_claim_renews_before_the_body(store: &Store) {
     assert_eq!(runs.count(), 1, "the body never ran twice");
 }
 
-/// Issue 8.6: `complete` commits but its reply is lost; the retry finds the record
+/// `complete` commits but its reply is lost; the retry finds the record
 /// finished under this call's own fence: the caller gets its result, not `LeaseLost`.
 pub async fn lost_reply_of_a_committed_complete_is_success(store: &Store) {
     let faulty = FaultyStore::new(store);
@@ -193,7 +193,7 @@ pub async fn lost_reply_of_a_committed_complete_is_success(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
-/// Issue 8.7: every finite double replays with its exact bits; NaN, infinities and
+/// Every finite double replays with its exact bits; NaN, infinities and
 /// `Some(None)` fail the first call with `Encode`, and nothing is recorded SUCCESS.
 pub async fn replays_equal_the_first_answer(store: &Store) {
     let values: Vec<f64> = super::faulty::random_doubles(0x9E37_79B9_7F4A_7C15, 2000)
@@ -254,7 +254,7 @@ pub async fn equal_payloads_fingerprint_equal(store: &Store) {
     assert_eq!(copy["id"], id.as_str(), "the payload is kept for reconciliation");
 }
 
-/// Issue 8.9: a body whose lease was taken over learns it from its context.
+/// A body whose lease was taken over learns it from its context.
 pub async fn lost_lease_is_signalled_to_the_body(store: &Store) {
     let faulty = FaultyStore::new(store);
     faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
@@ -287,7 +287,7 @@ pub async fn lost_lease_is_signalled_to_the_body(store: &Store) {
     );
 }
 
-/// Issue 8.10: a duplicate waits by reading, never by claiming again, and `wait`
+/// A duplicate waits by reading, never by claiming again, and `wait`
 /// bounds the whole call even when the store is slow to answer.
 pub async fn waiting_reads_within_its_deadline(store: &Store) {
     let faulty = FaultyStore::new(store);
@@ -318,7 +318,7 @@ pub async fn waiting_reads_within_its_deadline(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
-/// Issue 8.11: a body that calls its own key fails at once instead of waiting on itself.
+/// A body that calls its own key fails at once instead of waiting on itself.
 pub async fn reentrant_call_fails_at_once(store: &Store) {
     let (key, runs) = (unique("reentrant"), Runs::default());
     let error = charge_twice_over(store, &key, &runs).await.unwrap_err().idem();
@@ -330,7 +330,7 @@ pub async fn reentrant_call_fails_at_once(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
-/// Issue 8.5: durations out of range are an error, never a panic; the longest allowed
+/// Durations out of range are an error, never a panic; the longest allowed
 /// is held by every store (a record that far ahead is live, replays and is not purged).
 pub async fn durations_are_bounded_by_what_stores_hold(store: &Store) {
     let cases = [
@@ -367,7 +367,7 @@ pub async fn durations_are_bounded_by_what_stores_hold(store: &Store) {
     );
 }
 
-/// SCENARIOS 7: renewals failing for a while do not cost the lease; a `complete` that
+/// Renewals failing for a while do not cost the lease; a `complete` that
 /// keeps failing reaches the caller as `Error::Store` with its cause, and the outcome is
 /// recorded once the store answers again.
 pub async fn store_failures_while_holding_keep_the_key(store: &Store) {

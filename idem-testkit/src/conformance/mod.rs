@@ -6,12 +6,19 @@
 //! and a database backend `database_suite!()` as well.
 
 pub mod calls;
-pub mod clock;
-pub mod database;
 pub mod faulty;
+// The scenarios themselves: what the suites' macros call, not API of their own.
+#[doc(hidden)]
+pub mod clock;
+#[doc(hidden)]
+pub mod database;
+#[doc(hidden)]
 pub mod injected;
+#[doc(hidden)]
 pub mod scenarios;
+#[doc(hidden)]
 pub mod steps;
+#[doc(hidden)]
 pub mod tokens;
 
 use std::sync::atomic::{AtomicU64, Ordering};

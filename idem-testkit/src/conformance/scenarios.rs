@@ -1,4 +1,4 @@
-//! The scenarios of DESIGN §3 and SCENARIOS.md, one async fn each.
+//! The scenarios every store passes, one async fn each.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -702,7 +702,7 @@ pub async fn purge_deletes_only_expired_records_in_batches(store: &Store) {
     );
 }
 
-/// SCENARIOS 13 at the store: while the new holder still runs, every write of the
+/// At the store: while the new holder still runs, every write of the
 /// holder it took over from (renew, complete, fail, release) is refused and changes
 /// nothing.
 pub async fn stale_lease_writes_nothing_while_the_new_holder_runs(store: &Store) {

@@ -1,4 +1,4 @@
-//! Steps (DESIGN §3c): a finished step is recorded with the record, fenced, and given
+//! Steps: a finished step is recorded with the record, fenced, and given
 //! back instead of run again — after a takeover, after a release, never across lives.
 
 use std::time::Duration;
