@@ -23,7 +23,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use backon::Retryable;
 use bytes::Bytes;
@@ -61,17 +60,7 @@ impl GrpcRetryLayer {
         }
     }
 
-    /// How many tries at most (at least 1).
-    pub fn attempts(mut self, attempts: usize) -> Self {
-        self.tries = self.tries.attempts(attempts);
-        self
-    }
-
-    /// The first pause between tries and the longest.
-    pub fn pauses(mut self, first: Duration, longest: Duration) -> Self {
-        self.tries = self.tries.pauses(first, longest);
-        self
-    }
+    crate::tries::schedule_setters!();
 }
 
 impl<S> tower_layer::Layer<S> for GrpcRetryLayer {

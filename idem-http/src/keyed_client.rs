@@ -110,17 +110,7 @@ impl KeyedClient {
         }
     }
 
-    /// How many tries at most (at least 1).
-    pub fn attempts(mut self, attempts: usize) -> Self {
-        self.tries = self.tries.attempts(attempts);
-        self
-    }
-
-    /// The first pause between tries and the longest.
-    pub fn pauses(mut self, first: Duration, longest: Duration) -> Self {
-        self.tries = self.tries.pauses(first, longest);
-        self
-    }
+    crate::tries::schedule_setters!();
 
     /// Send `request` with `Idempotency-Key` set to the running call's key for
     /// `effect`, retrying with the same key as the module says. A request whose body

@@ -53,3 +53,21 @@ impl Tries {
             .with_max_times(retries)
     }
 }
+
+/// The builder methods `attempts` and `pauses` of a client with a field `tries`.
+macro_rules! schedule_setters {
+    () => {
+        /// How many tries at most (at least 1).
+        pub fn attempts(mut self, attempts: usize) -> Self {
+            self.tries = self.tries.attempts(attempts);
+            self
+        }
+
+        /// The first pause between tries and the longest.
+        pub fn pauses(mut self, first: std::time::Duration, longest: std::time::Duration) -> Self {
+            self.tries = self.tries.pauses(first, longest);
+            self
+        }
+    };
+}
+pub(crate) use schedule_setters;
