@@ -312,8 +312,9 @@
 //! header's structured-field syntax, `base64` for binary bodies in the record), and with
 //! feature `amqp` `lapin` (the AMQP client) and `futures-util`. The
 //! tests and examples add `idem-testkit` (the conformance suite and harness every store
-//! is tested with), `proptest` (the model test), `criterion` (benchmarks), and `rand` and
-//! `clap` (the chaos runner's random keys and faults, and its flags).
+//! is tested with), `proptest` (the model test), `rand` (the pipeline test's random
+//! kills) and `clap` (the pipeline example's flags). The lab tools (the chaos runner, the
+//! probes, the bench, the benchmarks) are the unpublished crate `idem-lab`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -1,7 +1,7 @@
 //! A store that injects faults into another: fail, delay, or commit-then-fail the next
 //! calls of one trait operation. It wraps the backend under test, so each fault is met
 //! by the real store (SQLite, PostgreSQL, MariaDB, memory) around it. The fault probe
-//! (`examples/probes.rs`) includes this file as it is.
+//! (`idem-lab/src/bin/probes.rs`) uses it too.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

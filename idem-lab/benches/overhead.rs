@@ -1,7 +1,7 @@
 //! What idem adds to a call, with no database in the way: the executor, key handling,
 //! serialization and the store's bookkeeping, on `MemoryStore` and through
 //! `CachedStore`. `cargo bench`; the per-backend table is `cargo run --release
-//! --example bench`.
+//! -p idem-lab --bin bench`.
 
 // `criterion_group!` defines a public fn it cannot document.
 #![allow(missing_docs)]

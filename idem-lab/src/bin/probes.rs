@@ -3,7 +3,7 @@
 //! the bodies that ran and the answers that were wrong.
 //!
 //! ```sh
-//! cargo run --release --example probes            # this tree
+//! cargo run --release -p idem-lab --bin probes     # this tree
 //! bash .ci/before-after probes                    # this tree beside the code before issue 8, one run
 //! ```
 //!
@@ -12,17 +12,13 @@
 //! once is right), `wrong` (answers that differ from the first call's, or errors where
 //! the contract promises something else) and a note.
 
-#[path = "../idem-testkit/src/conformance/faulty.rs"]
-#[allow(dead_code)]
-mod faulty;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use faulty::{Fault, FaultyStore, Op, Store};
 use idem::{Error, Idempotent, MemoryStore, OnError};
+use idem_testkit::conformance::faulty::{self, Fault, FaultyStore, Op, Store};
 
 /// Trials per row.
 const TRIALS: u32 = 10;

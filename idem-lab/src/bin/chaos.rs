@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! eval "$(.ci/start-databases)"
-//! cargo run --release --example chaos -- --store "$IDEM_TEST_POSTGRES_URL" --seconds 60 \
+//! cargo run --release -p idem-lab --bin chaos -- --store "$IDEM_TEST_POSTGRES_URL" --seconds 60 \
 //!     --faults kill,pause,partition,restart,skew \
 //!     --restart "bash .ci/start-databases stop-postgres; bash .ci/start-databases start-postgres"
 //! ```

@@ -1,13 +1,13 @@
 //! One table of what idem costs, per backend, from one run:
 //!
 //! ```text
-//! cargo run --release --example bench                       # memory and SQLite
+//! cargo run --release -p idem-lab --bin bench                       # memory and SQLite
 //! eval "$(.ci/start-databases)"                             # PostgreSQL and MariaDB too
-//! cargo run --release --example bench -- --calls 5000 --growth
-//! cargo run --release --example bench -- --transactional-only  # just that table
-//! cargo run --release --example bench -- --http-only           # just the HTTP layer's
-//! cargo run --release --example bench -- --latency-only        # just the first table
-//! cargo run --release --example bench -- --powertools-side     # idem on Redis, as the Powertools script measures
+//! cargo run --release -p idem-lab --bin bench -- --calls 5000 --growth
+//! cargo run --release -p idem-lab --bin bench -- --transactional-only  # just that table
+//! cargo run --release -p idem-lab --bin bench -- --http-only           # just the HTTP layer's
+//! cargo run --release -p idem-lab --bin bench -- --latency-only        # just the first table
+//! cargo run --release -p idem-lab --bin bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
 //!
 //! For each backend: the bare function, the hand-written floor (the same claim and
