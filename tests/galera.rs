@@ -1,6 +1,6 @@
 //! idem across the nodes of a MariaDB Galera cluster (`IDEM_TEST_GALERA_URLS`, one URL
 //! per node; `.ci/start-galera` starts three). The conformance suite through one node
-//! is in `tests/mysql.rs`, the cross-node storm of processes in `tests/storm.rs`.
+//! is in `idem-store-sqlx/tests/mysql.rs`, the cross-node storm of processes in `tests/storm.rs`.
 //!
 //! Claims of one key on different nodes do not meet at a row lock: each node inserts,
 //! and the cluster's certification lets the first through and rolls the others back

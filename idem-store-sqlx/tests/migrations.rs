@@ -2,7 +2,7 @@
 //! migrate --print` prints): the files are the stores' own DDL, and a table created from
 //! them by hand, as a migration tool would, passes `check_table()` on every database.
 //!
-//! `IDEM_BLESS=1 cargo test --test migrations` writes the files from the stores' DDL.
+//! `IDEM_BLESS=1 cargo test -p idem-store-sqlx --test migrations` writes the files from the stores' DDL.
 
 use idem_testkit::conformance;
 use idem_testkit::harness;
@@ -12,9 +12,7 @@ use std::path::PathBuf;
 use idem::{MySqlStore, PostgresStore, SqliteStore};
 
 fn file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("idem-store-sqlx/migrations")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("migrations").join(name)
 }
 
 /// `ddl` is the text of the migration file `name` (or, with `IDEM_BLESS`, becomes it).
@@ -26,7 +24,7 @@ fn matches_file(name: &str, ddl: &str) {
     let shipped = std::fs::read_to_string(&path).unwrap_or_default();
     assert_eq!(
         shipped, ddl,
-        "{name} differs from the store's DDL: run `IDEM_BLESS=1 cargo test --test migrations` and read the diff"
+        "{name} differs from the store's DDL: run `IDEM_BLESS=1 cargo test -p idem-store-sqlx --test migrations` and read the diff"
     );
 }
 
