@@ -31,31 +31,34 @@
 //! is converted at the edge of each store.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod claim;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod connection;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod dialect;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod error;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod migration;
+/// Items that need a database driver: compiled with any of the features `sqlite`,
+/// `postgres` and `mysql` (the one place that list is written).
+macro_rules! cfg_driver {
+    ($($item:item)*) => {
+        $(
+            #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+            #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
+            $item
+        )*
+    };
+}
+
+cfg_driver! {
+    mod claim;
+    mod connection;
+    mod dialect;
+    mod error;
+    mod migration;
+    mod rollback;
+    mod row;
+    mod statements;
+    mod store_api;
+    mod store_impl;
+    mod transaction;
+}
 mod open;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod rollback;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod row;
 mod shape;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod statements;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod store_api;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod store_impl;
 mod table;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod transaction;
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -64,8 +67,6 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use connection::ACQUIRE_TIMEOUT;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use mysql::MySqlStore;
@@ -76,8 +77,6 @@ pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::SqliteStore;
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use statements::numbered;
 pub use table::DEFAULT_TABLE;
 
 /// How many records of one biz are in one status, and how many of those expired
@@ -93,11 +92,14 @@ pub struct BizStatus {
     /// Of those, the ones whose `expires_at` has passed.
     pub expired: u64,
 }
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-pub use transaction::{
+cfg_driver! {
+    pub use connection::ACQUIRE_TIMEOUT;
+    pub use statements::numbered;
+    pub use transaction::{
     admit, execute_in, transaction, Admitted, BodyFuture, InTransaction, StoreCheck, StoreOf, Table, TransactionCall,
     TransactionDatabase, TransactionParam, Write,
-};
+    };
+}
 
 /// The sqlx this crate is built on, so that applications name the same version.
 pub use sqlx;
