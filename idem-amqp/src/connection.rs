@@ -23,15 +23,33 @@ where
     Arc::new(move |channel| Box::pin(declare(channel)))
 }
 
-/// A connection to `url`, named `name` in the broker's connection list, and a channel
+/// Where the sessions connect, and with what: the broker's URL and the application's
+/// connection properties (its client properties, authentication, locale).
+#[derive(Clone)]
+pub(crate) struct Broker {
+    pub(crate) url: String,
+    pub(crate) properties: ConnectionProperties,
+}
+
+impl Broker {
+    /// The broker at `url`, with lapin's default properties.
+    pub(crate) fn new(url: String) -> Self {
+        Self {
+            url,
+            properties: ConnectionProperties::default(),
+        }
+    }
+}
+
+/// A connection to `broker`, named `name` in the broker's connection list, and a channel
 /// on it with the topology declared.
 pub(crate) async fn open(
-    url: &str,
+    broker: &Broker,
     name: &str,
     declare: Option<&Setup>,
 ) -> Result<(Connection, Channel), lapin::Error> {
-    let properties = ConnectionProperties::default().with_connection_name(name.into());
-    let connection = Connection::connect(url, properties).await?;
+    let properties = broker.properties.clone().with_connection_name(name.into());
+    let connection = Connection::connect(&broker.url, properties).await?;
     let channel = connection.create_channel().await?;
     if let Some(declare) = declare {
         declare(channel.clone()).await?;

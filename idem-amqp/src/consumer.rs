@@ -16,7 +16,7 @@ use lapin::Channel;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
-use crate::connection::{self, Setup};
+use crate::connection::{self, Broker, Setup};
 use crate::disposition::{Disposition, HandlerError, OnFailure};
 use crate::message::{KeySource, Message};
 use crate::observe;
@@ -55,7 +55,7 @@ use crate::observe;
 /// declares the topology on each new channel.
 #[derive(Clone)]
 pub struct Consumer {
-    url: String,
+    broker: Broker,
     queue: String,
     key: KeySource,
     prefetch: u16,
@@ -71,7 +71,7 @@ pub struct Consumer {
 impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
-            .field("url", &idem_runtime::redacted_url(&self.url))
+            .field("url", &idem_runtime::redacted_url(&self.broker.url))
             .field("queue", &self.queue)
             .field("key", &self.key)
             .field("prefetch", &self.prefetch)
@@ -99,7 +99,7 @@ impl Consumer {
     /// A consumer of `queue` on the broker at `amqp_url` (`amqp://user:pass@host:5672/%2f`).
     pub fn new(amqp_url: impl Into<String>, queue: impl Into<String>) -> Self {
         Consumer {
-            url: amqp_url.into(),
+            broker: Broker::new(amqp_url.into()),
             queue: queue.into(),
             key: KeySource::default(),
             prefetch: DEFAULT_PREFETCH,
@@ -148,6 +148,14 @@ impl Consumer {
         self
     }
 
+    /// The properties of each connection this consumer opens (lapin's: client
+    /// properties, an authentication provider, the locale); idem adds only the
+    /// connection's name (`idem consumer of QUEUE`). Default: lapin's defaults.
+    pub fn connection_properties(mut self, properties: lapin::ConnectionProperties) -> Self {
+        self.broker.properties = properties;
+        self
+    }
+
     /// Declare exchanges, queues and bindings on each new channel, before consuming.
     pub fn on_connect<F, Fut>(mut self, declare: F) -> Self
     where
@@ -177,7 +185,7 @@ impl Consumer {
             name: &self.queue,
         };
         let stats = &self.stats;
-        connection::sessions(role, &self.url, &stats.deliveries, &stats.sessions_lost, || {
+        connection::sessions(role, &self.broker.url, &stats.deliveries, &stats.sessions_lost, || {
             self.session(&handler)
         })
         .await;
@@ -207,7 +215,7 @@ impl Consumer {
         Fut: Future<Output = Result<T, E>>,
     {
         let name = format!("idem consumer of {}", self.queue);
-        let (_connection, channel) = connection::open(&self.url, &name, self.declare.as_ref()).await?;
+        let (_connection, channel) = connection::open(&self.broker, &name, self.declare.as_ref()).await?;
         channel.basic_qos(self.prefetch, BasicQosOptions::default()).await?;
         let deliveries = channel
             .basic_consume(

@@ -71,6 +71,15 @@
 //! What a handler's answer does to its delivery is in [`Consumer`]'s table. Features
 //! `postgres`, `mysql` and `sqlite` bring the outbox and the relay on that database.
 //!
+//! Connections: the consumer and the relay open their own, with the application's
+//! lapin `ConnectionProperties` when it gives them (`connection_properties(..)`: client
+//! properties, an authentication provider, the locale; TLS comes with the `amqps://`
+//! URL and lapin's TLS features). They reconnect by a loop of their own rather than
+//! lapin's `auto_recover`, because a session is more than a connection: each new channel
+//! declares the topology again ([`Consumer::on_connect`]), sets its prefetch, and
+//! starts consuming or publishing afresh, and each lost session is counted
+//! ([`ConsumerStats`], [`RelayStats`], [`observe`]) for the operator to see.
+//!
 //! Why the dependencies: `lapin` is the maintained AMQP 0-9-1 client for tokio;
 //! `futures-util` runs a channel's deliveries concurrently up to its prefetch;
 //! `sqlx` (by feature) reads and writes the outbox table; `async-trait` keeps the

@@ -15,7 +15,7 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 use sqlx::Pool;
 use tracing::{error, info, warn};
 
-use crate::connection::{self, Backoff, Setup};
+use crate::connection::{self, Backoff, Broker, Setup};
 use crate::dialect::{Failure, OutboxDatabase};
 use crate::outbox::{Outbox, OutboxRow};
 
@@ -65,7 +65,7 @@ pub enum RelayError {
 pub struct Relay<DB: OutboxDatabase> {
     pool: Pool<DB>,
     outbox: Outbox<DB>,
-    url: String,
+    broker: Broker,
     batch: u16,
     idle: Duration,
     keep_sent: Option<Duration>,
@@ -80,7 +80,7 @@ impl<DB: OutboxDatabase> Clone for Relay<DB> {
         Relay {
             pool: self.pool.clone(),
             outbox: self.outbox.clone(),
-            url: self.url.clone(),
+            broker: self.broker.clone(),
             batch: self.batch,
             idle: self.idle,
             keep_sent: self.keep_sent,
@@ -96,7 +96,7 @@ impl<DB: OutboxDatabase> std::fmt::Debug for Relay<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
             .field("outbox", &self.outbox.table())
-            .field("url", &idem_runtime::redacted_url(&self.url))
+            .field("url", &idem_runtime::redacted_url(&self.broker.url))
             .field("batch", &self.batch)
             .field("idle", &self.idle)
             .field("keep_sent", &self.keep_sent)
@@ -136,7 +136,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
         Relay {
             pool,
             outbox,
-            url: amqp_url.into(),
+            broker: Broker::new(amqp_url.into()),
             batch: DEFAULT_BATCH,
             idle: DEFAULT_IDLE,
             keep_sent: Some(DEFAULT_KEEP_SENT),
@@ -182,6 +182,14 @@ impl<DB: OutboxDatabase> Relay<DB> {
         self
     }
 
+    /// The properties of each connection this relay opens (lapin's: client properties,
+    /// an authentication provider, the locale); idem adds only the connection's name.
+    /// Default: lapin's defaults.
+    pub fn connection_properties(mut self, properties: lapin::ConnectionProperties) -> Self {
+        self.broker.properties = properties;
+        self
+    }
+
     /// Declare exchanges, queues and bindings on each new channel, before publishing.
     pub fn on_connect<F, Fut>(mut self, declare: F) -> Self
     where
@@ -205,7 +213,10 @@ impl<DB: OutboxDatabase> Relay<DB> {
             name: self.outbox.table(),
         };
         let stats = &self.stats;
-        connection::sessions(role, &self.url, &stats.marked, &stats.sessions_lost, || self.session()).await;
+        connection::sessions(role, &self.broker.url, &stats.marked, &stats.sessions_lost, || {
+            self.session()
+        })
+        .await;
     }
 
     /// [`run`](Self::run) until `stop` completes. A round cut off by it marks nothing;
@@ -220,7 +231,7 @@ impl<DB: OutboxDatabase> Relay<DB> {
     /// Rounds on one broker connection, until the broker fails.
     async fn session(&self) -> Result<(), lapin::Error> {
         let name = format!("idem relay of {}", self.outbox.table());
-        let (connection, channel) = connection::open(&self.url, &name, self.declare.as_ref()).await?;
+        let (connection, channel) = connection::open(&self.broker, &name, self.declare.as_ref()).await?;
         channel.confirm_select(ConfirmSelectOptions::default()).await?;
         info!(outbox = %self.outbox.table(), "relaying");
         let mut database_backoff = Backoff::new();

@@ -323,6 +323,44 @@ async fn a_key_can_come_from_a_header() {
     assert_eq!(*keys.lock().unwrap(), ["41", "41", "42"]);
 }
 
+/// The consumer connects with the application's connection properties (here a client
+/// property of its own), and names its connection; the broker lists both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_connects_with_the_applications_properties() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.properties";
+    let channel = fresh_queue(&url, queue).await;
+    publish(&channel, queue, Some("m-1"), b"{}").await;
+    let mark = format!("app-{}", std::process::id());
+    let properties = ConnectionProperties::default().with_client_property("idem-test-app".into(), mark.as_str().into());
+    let consumer = Consumer::new(&url, queue).connection_properties(properties);
+    let _stop = spawn(consumer.clone(), |_: Message<Value>| async {
+        Ok::<_, Error>(Value::Null)
+    });
+    until(&consumer, |s| s.acked == 1).await;
+    // The broker's list, asked again until it shows the connection (at most 10 s).
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/start-rabbitmq");
+    let name = format!("idem consumer of {queue}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ours = loop {
+        let listed = std::process::Command::new("bash")
+            .args([script, "connections"])
+            .output()
+            .expect("run .ci/start-rabbitmq connections");
+        let text = String::from_utf8_lossy(&listed.stdout).into_owned();
+        if let Some(line) = text.lines().find(|line| line.contains(&name)) {
+            break line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the consumer's connection is listed by its name: {text}{}",
+            String::from_utf8_lossy(&listed.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(ours.contains(&mark), "its client property is the application's: {ours}");
+}
+
 /// The outbox `table`, made, holding a row no queue takes and then `rows` messages to
 /// `queue`.
 async fn filled_outbox<DB: idem::amqp::OutboxDatabase>(
