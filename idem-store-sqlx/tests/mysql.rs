@@ -89,7 +89,7 @@ store_clock_suite!(async {
 
 /// The same suites through one node of a three-node Galera cluster
 /// (`IDEM_TEST_GALERA_URLS`; `.ci/start-galera` starts one). The cross-node tests are
-/// `tests/galera.rs`.
+/// `idem-store-sqlx/tests/galera.rs`.
 mod galera_node {
     use super::*;
 

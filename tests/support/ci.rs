@@ -4,11 +4,23 @@
 // Each test binary includes this file and uses part of it.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+/// The repository's root: the nearest folder above the test's crate that holds `.ci/`
+/// (the facade's tests and the crates' alike include this file).
+fn root() -> PathBuf {
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .ancestors()
+        .find(|dir| dir.join(".ci").is_dir())
+        .expect("the repository holds .ci/")
+        .to_path_buf()
+}
 
 /// Run the project's script `.ci/<script>` with `args`; what it printed on stdout.
 pub fn ci_script(script: &str, args: &[&str]) -> String {
-    let path = format!("{}/.ci/{script}", env!("CARGO_MANIFEST_DIR"));
+    let path = root().join(".ci").join(script);
     let output = Command::new("bash")
         .arg(&path)
         .args(args)
@@ -24,11 +36,11 @@ pub fn ci_script(script: &str, args: &[&str]) -> String {
 pub fn example_binary(name: &str) -> String {
     let built = Command::new(env!("CARGO"))
         .args(["build", "--quiet", "--example", name])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(root())
         .status()
         .expect("run cargo");
     assert!(built.success(), "the example {name} builds");
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", root().display()));
     format!("{target}/debug/examples/{name}")
 }
 
@@ -37,10 +49,10 @@ pub fn example_binary(name: &str) -> String {
 pub fn cli_binary() -> String {
     let built = Command::new(env!("CARGO"))
         .args(["build", "--quiet", "-p", "idem-cli", "--bin", "idem"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(root())
         .status()
         .expect("run cargo");
     assert!(built.success(), "the idem command builds");
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", env!("CARGO_MANIFEST_DIR")));
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", root().display()));
     format!("{target}/debug/idem")
 }

@@ -10,7 +10,7 @@
 
 use idem_testkit::conformance;
 use idem_testkit::harness;
-#[path = "support/ci.rs"]
+#[path = "../../tests/support/ci.rs"]
 mod ci;
 
 use std::sync::atomic::{AtomicU16, Ordering};
