@@ -7,7 +7,7 @@
 //! ```
 //!
 //! The exporter is `metrics-exporter-prometheus`; any `metrics` recorder works. The
-//! README's "Operations" section has the duplicate-rate and hit-rate queries.
+//! docs/OPERATIONS.md has the duplicate-rate and hit-rate queries.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -177,7 +177,7 @@ async fn statement(Json(request): Json<Value>) -> Response {
     axum::response::sse::Sse::new(events).into_response()
 }
 
-/// Each layer on its method router, as the README shows: another method gets axum's 405.
+/// Each layer on its method router, as docs/HTTP.md shows: another method gets axum's 405.
 fn app(shop: Arc<Shop>, layer: IdempotencyLayer) -> Router {
     Router::new()
         .route("/payments", post(pay).route_layer(layer.clone()))
