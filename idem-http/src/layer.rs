@@ -14,6 +14,7 @@ use crate::body_print::BodyFingerprint;
 use crate::caller::Callers;
 use crate::outgoing::IDEMPOTENCY_KEY;
 use crate::service::IdempotencyService;
+use crate::settings::Settings;
 
 /// How much of a request body the layer buffers by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
@@ -91,58 +92,6 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for super::CallerNamed {}
     impl Sealed for super::CallerUnnamed {}
-}
-
-/// The options, shared by every service the layer makes.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) op: Idempotent,
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) required: bool,
-    pub(crate) callers: Callers,
-    pub(crate) tenant_header: Option<HeaderName>,
-    pub(crate) body_fingerprint: BodyFingerprint,
-    pub(crate) ignored_fields: Vec<String>,
-    pub(crate) response_limit: usize,
-    pub(crate) replayable: Vec<HeaderName>,
-    pub(crate) record_server_errors: bool,
-    pub(crate) client_errors: ClientErrors,
-    pub(crate) body_limit: usize,
-    pub(crate) retry_after: Duration,
-}
-
-impl Settings {
-    /// Whether a gRPC call that ended with `status` is recorded, as [`records`](Self::records)
-    /// judges HTTP statuses: `OK` always, the server's failures (`UNAVAILABLE`,
-    /// `INTERNAL`, …) only when asked, the others (the call's own answer, like a 4xx)
-    /// when the handler [`started`](crate::started) or when every one is.
-    pub(crate) fn records_grpc(&self, status: u32, started: bool) -> bool {
-        if crate::grpc::is_ok(status) {
-            true
-        } else if crate::grpc::is_server_failure(status) {
-            self.record_server_errors
-        } else {
-            self.records_client_error(started)
-        }
-    }
-
-    /// Whether the call's own refusal (a 4xx, a gRPC status answering the request) is
-    /// recorded: once the handler [`started`](crate::started), or when every one is.
-    fn records_client_error(&self, started: bool) -> bool {
-        started || self.client_errors == ClientErrors::Always
-    }
-
-    /// Whether a response with `status` is recorded; `started` when the handler said so.
-    pub(crate) fn records(&self, status: http::StatusCode, started: bool) -> bool {
-        if status.is_server_error() {
-            self.record_server_errors
-        } else if status.is_client_error() {
-            self.records_client_error(started)
-        } else {
-            true
-        }
-    }
 }
 
 impl IdempotencyLayer<CallerUnnamed> {
@@ -356,19 +305,8 @@ impl<C> IdempotencyLayer<C> {
 
 impl<C> std::fmt::Debug for IdempotencyLayer<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = &self.settings;
         f.debug_struct("IdempotencyLayer")
-            .field("op", &s.op)
-            .field("header", &s.header)
-            .field("methods", &s.methods)
-            .field("required", &s.required)
-            .field("callers", &s.callers)
-            .field("tenant_header", &s.tenant_header)
-            .field("body_fingerprint", &s.body_fingerprint)
-            .field("replayable", &s.replayable)
-            .field("record_server_errors", &s.record_server_errors)
-            .field("client_errors", &s.client_errors)
-            .field("body_limit", &s.body_limit)
+            .field("settings", &*self.settings)
             .finish()
     }
 }

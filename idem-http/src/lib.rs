@@ -128,6 +128,7 @@ mod problem;
 mod recorded;
 mod scope;
 mod service;
+mod settings;
 mod started;
 #[cfg(any(feature = "reqwest", feature = "tonic"))]
 mod tries;

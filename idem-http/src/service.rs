@@ -20,10 +20,10 @@ use crate::body::{BoxError, IdempotencyBody, Kept};
 use crate::body_print::BodyPrint;
 use crate::grpc;
 use crate::key;
-use crate::layer::Settings;
 use crate::problem::Problem;
 use crate::recorded::RecordedResponse;
 use crate::scope::Scope;
+use crate::settings::Settings;
 use crate::started::StartedMark;
 
 /// The future of one request through the layer: the response, or the inner service's
@@ -298,65 +298,6 @@ where
                 Err(_) => Ok(head.not_kept("the client stopped reading it")),
             }
         }
-    }
-}
-
-impl Settings {
-    pub(crate) fn problem<B: From<Bytes>>(&self, problem: Problem, detail: String) -> Response<B> {
-        problem.response(detail, self.retry_after_secs())
-    }
-
-    /// The layer's refusal of a request: a problem document, or for a gRPC call a
-    /// trailers-only response with the matching `grpc-status`.
-    pub(crate) fn refuse<B: From<Bytes>>(&self, grpc: bool, problem: Problem, detail: String) -> Response<B> {
-        if grpc {
-            grpc::refusal(problem, &detail, self.retry_after_secs())
-        } else {
-            self.problem(problem, detail)
-        }
-    }
-
-    fn retry_after_secs(&self) -> u64 {
-        self.retry_after.as_secs() + u64::from(self.retry_after.subsec_nanos() > 0)
-    }
-
-    /// The answer to a call idem refused or failed; `ran` when the handler ran in it.
-    /// The client is told about its request; the error itself (biz, scoped key, the
-    /// store's cause) goes to the logs.
-    async fn answer<B: From<Bytes>>(&self, error: Error, grpc: bool, ran: bool, scope: &Scope) -> Response<B> {
-        let problem = match &error {
-            Error::InProgress { .. } => Problem::InProgress,
-            Error::PayloadMismatch { .. } => Problem::KeyReused,
-            Error::InvalidKey { .. } => Problem::KeyMalformed,
-            Error::OutcomeUnknown { .. } => Problem::OutcomeUnknown,
-            _ if ran => Problem::NotRecorded,
-            Error::Store { .. } => Problem::StoreUnavailable,
-            _ => Problem::Misconfigured,
-        };
-        if problem.status().is_server_error() {
-            tracing::error!(target: "idem", error = %error, "idempotency layer: {}", problem.title());
-        } else {
-            tracing::debug!(target: "idem", error = %error, "idempotency layer: {}", problem.title());
-        }
-        let detail = match problem {
-            Problem::KeyReused => match self.first_request(scope).await {
-                Some(first) => format!(
-                    "this Idempotency-Key was first used for another request: {}. Send a new key with a new \
-                     request",
-                    scope.differences(&first)
-                ),
-                None => problem.default_detail().to_owned(),
-            },
-            _ => problem.default_detail().to_owned(),
-        };
-        self.refuse(grpc, problem, detail)
-    }
-
-    /// The request the key in `scope` was first used for, as its record keeps it.
-    async fn first_request(&self, scope: &Scope) -> Option<Scope> {
-        let store = self.op.given_store().cloned().or_else(idem_runtime::installed)?;
-        let record = store.get(self.op.biz(), &scope.record_key()).await.ok()??;
-        serde_json::from_str(record.request_body.as_deref()?).ok()
     }
 }
 
