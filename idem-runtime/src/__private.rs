@@ -203,7 +203,7 @@ pub trait DescribeByType {
 }
 impl<E> DescribeByType for Describe<'_, E> {
     fn describe(&self) -> String {
-        crate::executor::failure_of_type::<E>()
+        crate::call::failure_of_type::<E>()
     }
 }
 

@@ -1,5 +1,5 @@
 //! Runtime of [`idem`](https://docs.rs/idem): the store trait, the in-memory store, the
-//! executor behind `#[idempotent]`, errors and the task-local context.
+//! operation behind `#[idempotent]` and its execution, errors and the task-local context.
 //!
 //! Applications depend on the `idem` facade, which re-exports everything here; store
 //! crates depend on this crate alone.
@@ -37,11 +37,11 @@ mod context;
 mod default_store;
 pub mod digest;
 mod error;
-mod executor;
 mod fingerprint;
 mod key;
 mod memory;
 pub mod observe;
+mod operation;
 mod policy;
 mod record;
 pub mod repair;
@@ -67,10 +67,10 @@ pub use clock::{now, LeaseClock};
 pub use context::{context, Context};
 pub use default_store::{install, installed, IntoSharedStore};
 pub use error::{error_chain, redacted_url, Error, StoreError};
-pub use executor::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
 pub use fingerprint::{unordered, Unordered};
 pub use key::{MAX_BIZ_CHARS, MAX_KEY_BYTES, TOKEN_NAMESPACE};
 pub use memory::MemoryStore;
+pub use operation::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
 pub use step::{step, Step};

@@ -6,6 +6,8 @@ mod lease;
 mod outcome;
 pub(crate) mod transaction;
 
+use std::fmt::Display;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,13 +17,65 @@ use tracing::Instrument;
 
 use crate::context::{inside, Context, LeaseSignal};
 use crate::error::{Error, StoreError};
-use crate::executor::Idempotent;
 use crate::key::{key_problem, operation_biz_problem};
 use crate::observe::{self, Outcome};
+use crate::operation::Idempotent;
 use crate::step::StepLog;
 use crate::store::OwnedStore;
 
 use admission::Admitted;
+
+impl Idempotent {
+    /// Run `body` at most once for `key` on this operation's store (or the installed
+    /// one): claim, execute, record — or replay, reject, wait, as the crate docs say.
+    pub async fn execute<T, E, F>(&self, key: impl Display, body: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        match self.store_or_installed() {
+            Ok(store) => self.execute_on(&store, key, body).await,
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// [`execute`](Self::execute) on the given `store`: any `Clone` store (the SQL
+    /// stores, `MemoryStore`, `CachedStore`, `Arc<dyn IdempotencyStore>`), so that a
+    /// finished body's outcome can still be recorded if this call is dropped.
+    pub async fn execute_on<S, T, E, F>(&self, store: &S, key: impl Display, body: F) -> Result<T, E>
+    where
+        S: OwnedStore,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        self.run_on(store, key.to_string(), body, |_: &E| failure_of_type::<E>())
+            .await
+    }
+
+    /// The call itself, with the way a failure is described in a `FAIL` record.
+    pub(crate) async fn run_on<T, E, F>(
+        &self,
+        store: &dyn OwnedStore,
+        key: String,
+        body: F,
+        describe: fn(&E) -> String,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: Future<Output = Result<T, E>>,
+    {
+        let call = Call { op: self, store, key };
+        call.run(body, describe).await
+    }
+}
+
+/// The `FAIL` message of an error known only by its type.
+pub(crate) fn failure_of_type<E>() -> String {
+    format!("the call returned an error of type `{}`", std::any::type_name::<E>())
+}
 
 /// How the outcome of a body that returned `Err` is described in a `FAIL` record.
 pub(crate) type Describe<E> = fn(&E) -> String;

@@ -24,7 +24,7 @@ use super::{error_of, Call, Describe};
 use crate::claim::{FenceCheck, Lease};
 use crate::clock;
 use crate::error::{Error, StoreError};
-use crate::executor::Idempotent;
+use crate::operation::Idempotent;
 use crate::policy::OnError;
 use crate::record::{Record, Status};
 use crate::replay::encode;

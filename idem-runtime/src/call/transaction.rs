@@ -22,8 +22,8 @@ use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock;
 use crate::context::{Context, LeaseSignal};
 use crate::error::{Error, StoreError};
-use crate::executor::Idempotent;
 use crate::observe::{self, Outcome};
+use crate::operation::Idempotent;
 use crate::policy::OnError;
 use crate::record::Status;
 

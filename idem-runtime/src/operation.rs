@@ -1,21 +1,18 @@
-//! `Idempotent`: claim, execute, record.
+//! `Idempotent`: an operation and its options (its biz, `ttl`, mode, lease, store,
+//! payload). What executing it does is [`call`](crate::call).
 
 use std::borrow::Cow;
-use std::fmt::Display;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::bounds::duration_problem;
-use crate::call::Call;
 use crate::default_store::{installed, IntoSharedStore};
 use crate::error::Error;
 use crate::fingerprint::fingerprint;
 use crate::policy::{Mode, OnError};
-use crate::store::{IdempotencyStore, OwnedStore};
+use crate::store::IdempotencyStore;
 
 /// Default `ttl`: a finished record answers duplicates for a day.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -233,60 +230,10 @@ impl Idempotent {
         &self.biz
     }
 
-    /// Run `body` at most once for `key` on this operation's store (or the installed
-    /// one): claim, execute, record — or replay, reject, wait, as the crate docs say.
-    pub async fn execute<T, E, F>(&self, key: impl Display, body: F) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        match self.store_or_installed() {
-            Ok(store) => self.execute_on(&store, key, body).await,
-            Err(error) => Err(error.into()),
-        }
-    }
-
-    /// [`execute`](Self::execute) on the given `store`: any `Clone` store (the SQL
-    /// stores, `MemoryStore`, `CachedStore`, `Arc<dyn IdempotencyStore>`), so that a
-    /// finished body's outcome can still be recorded if this call is dropped.
-    pub async fn execute_on<S, T, E, F>(&self, store: &S, key: impl Display, body: F) -> Result<T, E>
-    where
-        S: OwnedStore,
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        self.run_on(store, key.to_string(), body, |_: &E| failure_of_type::<E>())
-            .await
-    }
-
     /// The store given to [`store`](Self::store), or the installed one.
     pub(crate) fn store_or_installed(&self) -> Result<Arc<dyn IdempotencyStore>, Error> {
         self.store.clone().or_else(installed).ok_or_else(|| Error::NoStore {
             biz: self.biz.to_string(),
         })
     }
-
-    /// The call itself, with the way a failure is described in a `FAIL` record.
-    pub(crate) async fn run_on<T, E, F>(
-        &self,
-        store: &dyn OwnedStore,
-        key: String,
-        body: F,
-        describe: fn(&E) -> String,
-    ) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let call = Call { op: self, store, key };
-        call.run(body, describe).await
-    }
-}
-
-/// The `FAIL` message of an error known only by its type.
-pub(crate) fn failure_of_type<E>() -> String {
-    format!("the call returned an error of type `{}`", std::any::type_name::<E>())
 }
