@@ -409,8 +409,7 @@ pub use idem_amqp as amqp;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sql {
     pub use idem_store_sqlx::{
-        connect_table, execute_in, numbered, open, open_table, open_table_judged_by, BodyFuture, TransactionDatabase,
-        DEFAULT_TABLE,
+        execute_in, numbered, open, BodyFuture, OpenOptions, TransactionDatabase, DEFAULT_TABLE,
     };
 }
 

@@ -173,18 +173,33 @@ async fn foreign_tables_are_refused(url: &str, db: &Effects) {
     let runs = AtomicU32::new(0);
     for (table, create, says) in &tables {
         db.execute(create, &[]).await.unwrap();
-        let error = idem::sql::open_table(url, table).await.unwrap_err().to_string();
+        let error = idem::sql::OpenOptions::new()
+            .table(table)
+            .open(url)
+            .await
+            .unwrap_err()
+            .to_string();
         for part in says.iter().chain([&format!("`{table}`").as_str()]) {
             assert!(error.contains(part), "{url}: `{part}` in: {error}");
         }
-        let unmigrated = idem::sql::connect_table(url, table).await.unwrap();
+        let unmigrated = idem::sql::OpenOptions::new()
+            .table(table)
+            .migrate(false)
+            .open(url)
+            .await
+            .unwrap();
         let error = unwrap_idem(plain(&unmigrated, "k", &runs).await);
         assert!(matches!(&error, Error::Store { operation: "claim", .. }), "{error:?}");
         let cause = std::error::Error::source(&error).unwrap().to_string();
         assert!(cause.contains(says[0]), "the first claim says it too: {cause}");
         db.execute(&format!("DROP TABLE {table}"), &[]).await.unwrap();
     }
-    let missing = idem::sql::connect_table(url, &name("missing")).await.unwrap();
+    let missing = idem::sql::OpenOptions::new()
+        .table(&name("missing"))
+        .migrate(false)
+        .open(url)
+        .await
+        .unwrap();
     let error = unwrap_idem(plain(&missing, "k", &runs).await);
     let cause = std::error::Error::source(&error).unwrap().to_string();
     assert!(
@@ -201,7 +216,9 @@ async fn awkward_table_names(url: &str, db: &Effects) {
     let long = |last: char| format!("{}{last}", "t".repeat(62));
     let runs = AtomicU32::new(0);
     for table in ["order".to_owned(), long('a'), long('b')] {
-        let store = idem::sql::open_table(url, &table)
+        let store = idem::sql::OpenOptions::new()
+            .table(&table)
+            .open(url)
             .await
             .unwrap_or_else(|e| panic!("{url} table {table}: {e}"));
         assert_eq!(plain(&store, "k", &runs).await.unwrap(), runs.load(Ordering::SeqCst));

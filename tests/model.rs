@@ -525,7 +525,10 @@ fn check_sql(backend: &str) {
         let url = url.clone();
         async move {
             // The model moves time by the instants it passes: the store judges by them.
-            let store = idem::sql::open_table_judged_by(&url, "idem_model", idem::LeaseClock::Caller)
+            let store = idem::sql::OpenOptions::new()
+                .table("idem_model")
+                .lease_clock(idem::LeaseClock::Caller)
+                .open(&url)
                 .await
                 .unwrap();
             harness::Effects::open(&url)

@@ -329,7 +329,10 @@ fn failures(url: &str) {
 /// A store that writes records at the instants it is given (hours in the past), for
 /// the commands — which judge by the server's clock — to find.
 async fn past_writer(url: &str, table: &str) -> Arc<dyn IdempotencyStore> {
-    idem_store_sqlx::open_table_judged_by(url, table, idem_runtime::LeaseClock::Caller)
+    idem_store_sqlx::OpenOptions::new()
+        .table(table)
+        .lease_clock(idem_runtime::LeaseClock::Caller)
+        .open(url)
         .await
         .unwrap()
 }

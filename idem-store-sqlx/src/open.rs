@@ -8,30 +8,75 @@ use idem_runtime::{IdempotencyStore, LeaseClock, StoreError};
 /// `postgresql://…`), `mysql://…` (or `mariadb://…`) — with the store of its kind,
 /// and [`migrate`](crate::SqliteStore::migrate) its table. The store's cargo feature
 /// must be on; a URL of a kind that is off or unknown is an error naming it.
+/// [`OpenOptions`] opens another table, without migrating, or judging leases by the
+/// caller's clock.
 pub async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    open_table(url, crate::DEFAULT_TABLE).await
+    OpenOptions::new().open(url).await
 }
 
-/// [`open`] on the table `table` instead of `idempotent_record`.
-pub async fn open_table(url: &str, table: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    store_at(url, table, true, LeaseClock::Store).await
-}
-
-/// [`open_table`] judging leases by `clock`: [`LeaseClock::Caller`] for tests that move
-/// time against a database server (SQLite always judges by the caller's instants).
-pub async fn open_table_judged_by(
-    url: &str,
-    table: &str,
+/// How [`open`] opens a store: which table, whether to migrate it, whose clock judges
+/// leases. As `std::fs::OpenOptions`, set what differs from the defaults and call
+/// [`open`](Self::open).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem_runtime::StoreError> {
+/// // An operator's table, migrated by the team's own migrations: only checked.
+/// let store = idem_store_sqlx::OpenOptions::new()
+///     .table("payments_idempotency")
+///     .migrate(false)
+///     .open("postgres://app@db/shop")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    table: String,
+    migrate: bool,
     clock: LeaseClock,
-) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    store_at(url, table, true, clock).await
 }
 
-/// A store on the table `table` at `url`, without migrating it: for a table that an
-/// operator manages. Its shape is checked at the first claim
-/// ([`check_table`](crate::SqliteStore::check_table)).
-pub async fn connect_table(url: &str, table: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
-    store_at(url, table, false, LeaseClock::Store).await
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OpenOptions {
+    /// The table `idempotent_record`, migrated, leases judged by the store's clock.
+    pub fn new() -> Self {
+        Self {
+            table: crate::DEFAULT_TABLE.to_owned(),
+            migrate: true,
+            clock: LeaseClock::Store,
+        }
+    }
+
+    /// The table to keep the records in (default `idempotent_record`).
+    pub fn table(mut self, table: &str) -> Self {
+        self.table = table.to_owned();
+        self
+    }
+
+    /// Whether to create the table and its index when missing (default `true`). Without
+    /// it, a table an operator manages is only checked, at the first claim
+    /// ([`check_table`](crate::SqliteStore::check_table)).
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Whose clock judges leases and expiry (default [`LeaseClock::Store`]):
+    /// [`LeaseClock::Caller`] for tests that move time against a database server
+    /// (SQLite always judges by the caller's instants).
+    pub fn lease_clock(mut self, clock: LeaseClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Connect to the database at `url` (a URL as [`open`] takes) with these options.
+    pub async fn open(&self, url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreError> {
+        store_at(url, &self.table, self.migrate, self.clock).await
+    }
 }
 
 async fn store_at(
