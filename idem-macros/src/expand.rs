@@ -67,11 +67,11 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
         .unzip();
     let duration_checks = quote!(#(#duration_checks)*);
     let duration_setters = quote!(#(#duration_setters)*);
-    let mode = args.mode.map(|variant| quote!(.mode(#krate::Mode::#variant)));
+    let mode = args.mode.map(|variant| quote!(.mode(#private::Mode::#variant)));
     let outcome_policy = args.outcome_policy_required.then(|| quote!(.require_outcome_policy()));
     let on_error = args
         .on_error
-        .map(|variant| quote!(.on_error(#krate::OnError::#variant)));
+        .map(|variant| quote!(.on_error(#private::OnError::#variant)));
     // A `ttl` expression: evaluated once per call, as a `Duration` (a type error on the
     // expression otherwise), its range checked when the call runs.
     let ttl_expr = args
@@ -125,10 +125,10 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let takeover = match &args.on_takeover {
         None | Some(OnTakeover::Rerun) => quote!(),
         Some(OnTakeover::FailClosed) => quote! {
-            let __idem_body = async move { #krate::Step::body().fail_closed().run(__idem_body).await };
+            let __idem_body = async move { #private::Step::body().fail_closed().run(__idem_body).await };
         },
         Some(OnTakeover::Reconcile(lookup)) => quote_spanned! {lookup.span()=>
-            let __idem_body = async move { #krate::Step::body().reconcile(#lookup).run(__idem_body).await };
+            let __idem_body = async move { #private::Step::body().reconcile(#lookup).run(__idem_body).await };
         },
     };
     let call = match &args.tx {
@@ -142,7 +142,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let statements = quote! {
             #duration_checks
             #key_stmt
-            let __idem_op = #krate::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy;
+            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy;
             #ttl_expr
             #payload
             #store_stmt

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::store::OwnedStore;
-use crate::{Error, IdempotencyStore, Idempotent};
+use crate::{Error, IdempotencyStore};
 
 /// The return type of an `#[idempotent]` fn.
 #[diagnostic::on_unimplemented(
@@ -217,4 +217,6 @@ pub const fn check_duration_ms(ms: u64, problem: &'static str) {
     }
 }
 
+/// The public items the expansion names, here so that it names only this module.
+pub use crate::{Idempotent, Mode, OnError, Step};
 pub use std::time::Duration;
