@@ -102,13 +102,11 @@ fn never_sent(status: &Status) -> bool {
     false
 }
 
-/// Whether a try that ended with `code` is sent again: what may succeed on a second try
-/// with the same key. `DATA_LOSS` is ambiguous but not retried.
+/// Whether a try that ended with `code` is sent again: every status that may hide an
+/// effect ([`grpc_status_is_ambiguous`]) may succeed on a second try with the same key,
+/// except `DATA_LOSS`.
 fn retried(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Cancelled | Code::Unknown | Code::DeadlineExceeded | Code::Aborted | Code::Internal | Code::Unavailable
-    )
+    grpc_status_is_ambiguous(code as i32) && code != Code::DataLoss
 }
 
 /// The status of a transport error (tonic's own mapping, its source kept).

@@ -60,7 +60,7 @@ impl Idempotent {
         store: &dyn OwnedStore,
         key: String,
         body: F,
-        describe: fn(&E) -> String,
+        describe: Describe<E>,
     ) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
