@@ -264,13 +264,19 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
         .map(|i| tokio::spawn(customer(base.clone(), format!("c{i}"), stop.clone(), accepted.clone())))
         .collect();
 
-    // The kill schedule: 24 s of load, a kill every 0.4–1.2 s of each part in turn, and
-    // the broker killed and started again once, at about 10 s.
+    // The kill schedule: at least 24 s of load, and on until the customers have placed
+    // 120 orders (a loaded machine places fewer a second; at most 90 s), a kill every
+    // 0.4–1.2 s of each part in turn, and the broker killed and started again once, at
+    // about 10 s.
     let started = Instant::now();
+    let loading = || {
+        let elapsed = started.elapsed();
+        elapsed < Duration::from_secs(24) || (accepted.lock().unwrap().len() < 120 && elapsed < Duration::from_secs(90))
+    };
     let mut broker_restarted = false;
     let mut turn = 0;
     let mut rng = rand::rng();
-    while started.elapsed() < Duration::from_secs(24) {
+    while loading() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(400..1200))).await;
         if !broker_restarted && started.elapsed() > Duration::from_secs(10) {
             ci::ci_script("start-rabbitmq", &["kill"]);
