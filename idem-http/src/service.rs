@@ -121,6 +121,18 @@ impl<R, E> From<Error> for Unrecorded<R, E> {
 /// The response the handler gave this caller, when it ran in this call.
 type Slot<RB> = Arc<Mutex<Option<Response<IdempotencyBody<RB>>>>>;
 
+/// What the layer makes of a request before any call: pass it on (a method or a
+/// missing key it does not handle), refuse it, or call with its scope.
+// Made once per request and matched at once: boxing a variant would only add an
+// allocation.
+#[allow(clippy::large_enum_variant)]
+enum Admit<B> {
+    Pass(Request<B>),
+    Refuse(Problem, String),
+    Call(Scope, Request<IdempotencyBody<B>>),
+}
+
+/// One request through the layer: admitted, called, answered.
 async fn serve<S, B, RB>(
     settings: Arc<Settings>,
     mut inner: S,
@@ -137,41 +149,19 @@ where
     RB::Data: Send,
     RB::Error: Into<BoxError>,
 {
-    let passed = |response: Response<RB>| response.map(IdempotencyBody::passed);
-    if !settings.methods.contains(request.method()) {
-        return inner.call(request.map(IdempotencyBody::passed)).await.map(passed);
-    }
-    let header = settings.header.as_str();
     let grpc = grpc::is_grpc(request.headers());
-    let key = match key::parse(request.headers().get_all(&settings.header)) {
-        Ok(Some(key)) => key,
-        Ok(None) if !settings.required => return inner.call(request.map(IdempotencyBody::passed)).await.map(passed),
-        Ok(None) => {
-            let detail = format!(
-                "{} {} needs an `{header}` header",
-                request.method(),
-                request.uri().path()
-            );
-            return Ok(settings.refuse(grpc, Problem::KeyMissing, detail));
+    let (scope, request) = match admit(&settings, request).await {
+        Admit::Call(scope, request) => (scope, request),
+        Admit::Pass(request) => {
+            let response = inner.call(request.map(IdempotencyBody::passed)).await?;
+            return Ok(response.map(IdempotencyBody::passed));
         }
-        Err(problem) => return Ok(settings.refuse(grpc, Problem::KeyMalformed, problem.detail(header))),
+        Admit::Refuse(problem, detail) => return Ok(settings.refuse(grpc, problem, detail)),
     };
-    let (parts, body) = request.into_parts();
-    let tenant = match settings.callers.of(&parts, settings.tenant_header.as_ref()) {
-        Ok(tenant) => tenant,
-        Err(unknown) => return Ok(settings.refuse(grpc, Problem::CallerUnknown, unknown.detail())),
-    };
-    let body = match read_body(body, &parts, settings.body_limit).await {
-        Ok(body) => body,
-        Err((problem, detail)) => return Ok(settings.refuse(grpc, problem, detail)),
-    };
-    let content_type = parts.headers.get(CONTENT_TYPE).and_then(|value| value.to_str().ok());
-    let print = BodyPrint::of(&body, content_type, settings.body_fingerprint, &settings.ignored_fields);
-    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
-    let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, print);
+    // The call around the handler. A streamed response goes to the client at once; its
+    // record is written when it ends, and its end reaches the client once the record
+    // is written (or given up).
     let op = settings.op.clone().payload(&scope);
-    let request = Request::from_parts(parts, IdempotencyBody::full(body));
-
     let first: Slot<RB> = Arc::default();
     let (streamed_tx, mut streamed_rx) = oneshot::channel();
     let (written_tx, written_rx) = oneshot::channel::<()>();
@@ -188,8 +178,6 @@ where
     let outcome = tokio::select! {
         outcome = &mut call => outcome,
         Ok(streaming) = &mut streamed_rx => {
-            // A stream goes to the client now; its record is written when it ends, and
-            // its end reaches the client once the record is written (or given up).
             let biz = settings.op.biz().to_owned();
             tokio::spawn(async move {
                 if let Err(Unrecorded::Idem(error)) = call.await {
@@ -201,6 +189,61 @@ where
         }
     };
     let ran = first.lock().expect("the slot is not poisoned").take();
+    respond(&settings, grpc, &scope, ran, outcome).await
+}
+
+/// The request's key, caller and body, read and checked: its scope, or why it is
+/// passed on or refused.
+async fn admit<B>(settings: &Settings, request: Request<B>) -> Admit<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    if !settings.methods.contains(request.method()) {
+        return Admit::Pass(request);
+    }
+    let header = settings.header.as_str();
+    let key = match key::parse(request.headers().get_all(&settings.header)) {
+        Ok(Some(key)) => key,
+        Ok(None) if !settings.required => return Admit::Pass(request),
+        Ok(None) => {
+            let detail = format!(
+                "{} {} needs an `{header}` header",
+                request.method(),
+                request.uri().path()
+            );
+            return Admit::Refuse(Problem::KeyMissing, detail);
+        }
+        Err(problem) => return Admit::Refuse(Problem::KeyMalformed, problem.detail(header)),
+    };
+    let (parts, body) = request.into_parts();
+    let tenant = match settings.callers.of(&parts, settings.tenant_header.as_ref()) {
+        Ok(tenant) => tenant,
+        Err(unknown) => return Admit::Refuse(Problem::CallerUnknown, unknown.detail()),
+    };
+    let body = match read_body(body, &parts, settings.body_limit).await {
+        Ok(body) => body,
+        Err((problem, detail)) => return Admit::Refuse(problem, detail),
+    };
+    let content_type = parts.headers.get(CONTENT_TYPE).and_then(|value| value.to_str().ok());
+    let print = BodyPrint::of(&body, content_type, settings.body_fingerprint, &settings.ignored_fields);
+    let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
+    let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, print);
+    Admit::Call(scope, Request::from_parts(parts, IdempotencyBody::full(body)))
+}
+
+/// The answer to a call that ended: the handler's response when it ran here, the
+/// recorded one replayed, or the layer's problem.
+async fn respond<RB, E>(
+    settings: &Settings,
+    grpc: bool,
+    scope: &Scope,
+    ran: Option<Response<IdempotencyBody<RB>>>,
+    outcome: Result<RecordedResponse, Unrecorded<Response<IdempotencyBody<RB>>, E>>,
+) -> Result<Response<IdempotencyBody<RB>>, E>
+where
+    RB: Body,
+{
     Ok(match outcome {
         Ok(recorded) => match ran {
             Some(response) => response,
@@ -223,7 +266,7 @@ where
             Problem::NotRecorded,
             Problem::NotRecorded.default_detail().to_owned(),
         ),
-        Err(Unrecorded::Idem(error)) => settings.answer(error, grpc, ran.is_some(), &scope).await,
+        Err(Unrecorded::Idem(error)) => settings.answer(error, grpc, ran.is_some(), scope).await,
     })
 }
 
