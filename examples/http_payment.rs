@@ -54,8 +54,7 @@ use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-#[path = "support/bearer.rs"]
-mod bearer;
+use idem_examples::bearer;
 
 /// Who is signed in: what [`authenticate`] puts in a request's extensions, and what the
 /// idempotency layer keeps each caller's keys apart by.

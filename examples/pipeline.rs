@@ -52,8 +52,7 @@ use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 
-#[path = "support/bearer.rs"]
-mod bearer;
+use idem_examples::bearer;
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Orders → outbox → relay → RabbitMQ → idempotent consumer → effects")]

@@ -112,17 +112,18 @@ fn crash_recovery(backend: &str) {
 
         tokio::time::sleep(Duration::from_millis(2500)).await;
         // After it: eight retries race; one takes over and finishes, the others wait for it.
-        let retries = (0..8).map(|i| {
-            let (store, effects, run, key) = (store.clone(), effects.clone(), run.clone(), key("c"));
-            tokio::spawn(
-                async move { settle(&store, &effects, &run, &key, format!("retry-{i}"), Duration::ZERO).await },
-            )
-        });
-        let results: Vec<String> = futures::future::join_all(retries)
-            .await
-            .into_iter()
-            .map(|r| r.unwrap().unwrap())
+        let retries: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, effects, run, key) = (store.clone(), effects.clone(), run.clone(), key("c"));
+                tokio::spawn(
+                    async move { settle(&store, &effects, &run, &key, format!("retry-{i}"), Duration::ZERO).await },
+                )
+            })
             .collect();
+        let mut results = Vec::new();
+        for retry in retries {
+            results.push(retry.await.unwrap().unwrap());
+        }
         assert!(results.iter().all(|token| token == &results[0]), "{results:?}");
         let record = store.get("crash", &key("c")).await.unwrap().unwrap();
         assert_eq!(

@@ -149,56 +149,6 @@ async fn keys_can_be_hashed_in_traces() {
     assert!(!format!("{seen:?}").contains("ada@example.com"));
 }
 
-/// A store that refuses every `complete` as if the key had been taken over: the
-/// holder's outcome is lost.
-#[derive(Debug)]
-struct TakenOver(MemoryStore);
-
-#[async_trait::async_trait]
-impl idem::IdempotencyStore for TakenOver {
-    async fn claim(
-        &self,
-        claim: &idem::store::Claim<'_>,
-    ) -> Result<idem::store::ClaimOutcome, idem::store::StoreError> {
-        self.0.claim(claim).await
-    }
-    async fn renew(
-        &self,
-        lease: &idem::store::Lease,
-        now: std::time::SystemTime,
-        lease_for: Duration,
-    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        self.0.renew(lease, now, lease_for).await
-    }
-    async fn complete(
-        &self,
-        _: &idem::store::Lease,
-        _: &str,
-        _: std::time::SystemTime,
-        _: Duration,
-    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        Ok(idem::store::FenceCheck::Lost)
-    }
-    async fn fail(
-        &self,
-        lease: &idem::store::Lease,
-        message: &str,
-        now: std::time::SystemTime,
-        ttl: Duration,
-    ) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        self.0.fail(lease, message, now, ttl).await
-    }
-    async fn release(&self, lease: &idem::store::Lease) -> Result<idem::store::FenceCheck, idem::store::StoreError> {
-        self.0.release(lease).await
-    }
-    async fn get(&self, biz: &str, key: &str) -> Result<Option<idem::Record>, idem::store::StoreError> {
-        self.0.get(biz, key).await
-    }
-    async fn purge_expired(&self, now: std::time::SystemTime, limit: u64) -> Result<u64, idem::store::StoreError> {
-        self.0.purge_expired(now, limit).await
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn every_counter_after_a_known_mix_of_calls() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -272,7 +222,11 @@ async fn every_counter_after_a_known_mix_of_calls() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let _: u32 = short.execute("g", async { Ok::<_, Error>(1) }).await.unwrap(); // 1 executed, 1 takeover
 
-    let lost = Idempotent::new(biz).store(Arc::new(TakenOver(MemoryStore::new())));
+    // A store that refuses the `complete` as if the key had been taken over: the
+    // holder's outcome is lost.
+    let taken_over = FaultyStore::new(&(Arc::new(MemoryStore::new()) as conformance::calls::Store));
+    taken_over.inject(Op::Complete, Fault::Fenced, 1);
+    let lost = Idempotent::new(biz).store(taken_over.shared());
     let error: Result<u32, Error> = lost.execute("i", async { Ok(1) }).await;
     assert!(matches!(error, Err(Error::LeaseLost { .. })), "{error:?}"); // 1 executed, 1 lease lost
 

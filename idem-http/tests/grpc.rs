@@ -2,15 +2,13 @@
 //! semantics as over HTTP, in gRPC's terms — the key and the caller in the metadata,
 //! the first answer (message or status) replayed, the layer's refusals as statuses.
 
-#[allow(dead_code)]
-#[path = "../../examples/grpc_payment.rs"]
-mod example;
+use idem_examples::grpc;
 use idem_testkit::conformance::faulty;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use example::{pay, Bank, PayRequest};
+use grpc::{pay, Bank, PayRequest};
 use tonic::Code;
 
 /// The service behind the layer on a SQLite file, and a channel to it. Every record is
@@ -40,7 +38,7 @@ async fn serve(bank_delay: Duration, record_delay: Duration) -> (std::net::Socke
         delay: bank_delay,
         ..Bank::default()
     });
-    tokio::spawn(example::serve(listener, store, bank.clone()));
+    tokio::spawn(grpc::serve(listener, store, bank.clone()));
     (address, bank)
 }
 
@@ -133,9 +131,9 @@ async fn a_call_without_a_caller_is_unauthenticated() {
     client.ready().await.unwrap();
     let mut call = tonic::Request::new(request(100));
     call.metadata_mut().insert("idempotency-key", key().parse().unwrap());
-    let path = http::uri::PathAndQuery::from_static(example::PAY);
+    let path = http::uri::PathAndQuery::from_static(grpc::PAY);
     let refused = client
-        .unary::<_, example::Receipt, _>(call, path, tonic_prost::ProstCodec::default())
+        .unary::<_, grpc::Receipt, _>(call, path, tonic_prost::ProstCodec::default())
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
@@ -144,7 +142,7 @@ async fn a_call_without_a_caller_is_unauthenticated() {
 
 /// One `Pay` call through `service` (a channel under the outgoing layers), with
 /// `caller`'s bearer token when there is one and no key of its own: the layers set it.
-async fn unary<T>(service: T, caller: Option<&str>, cents: i64) -> Result<example::Receipt, tonic::Status>
+async fn unary<T>(service: T, caller: Option<&str>, cents: i64) -> Result<grpc::Receipt, tonic::Status>
 where
     T: tonic::client::GrpcService<tonic::body::Body>,
     T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -158,16 +156,16 @@ where
         call.metadata_mut()
             .insert("authorization", format!("Bearer {caller}").parse().unwrap());
     }
-    let path = http::uri::PathAndQuery::from_static(example::PAY);
+    let path = http::uri::PathAndQuery::from_static(grpc::PAY);
     client
-        .unary::<_, example::Receipt, _>(call, path, tonic_prost::ProstCodec::default())
+        .unary::<_, grpc::Receipt, _>(call, path, tonic_prost::ProstCodec::default())
         .await
         .map(tonic::Response::into_inner)
 }
 
 /// What a call through the layers came to, as a recorded body can keep it: the charge,
 /// or the status's code and whether its outcome is unknown.
-fn outcome(result: Result<example::Receipt, tonic::Status>) -> Result<u64, (i32, bool)> {
+fn outcome(result: Result<grpc::Receipt, tonic::Status>) -> Result<u64, (i32, bool)> {
     result
         .map(|receipt| receipt.charge_id)
         .map_err(|status| (status.code() as i32, idem::http::grpc_outcome_is_unknown(&status)))

@@ -6,8 +6,7 @@
 use idem_testkit::{conformance, harness};
 
 // The examples' stand-in for verifying a bearer token (its subject is the caller).
-#[path = "../../examples/support/bearer.rs"]
-mod bearer;
+use idem_examples::bearer;
 
 use std::io::{BufRead, BufReader};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

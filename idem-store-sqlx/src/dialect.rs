@@ -12,7 +12,7 @@ use tokio::sync::OnceCell;
 use crate::error::driver_error;
 use crate::row::Stamp;
 use crate::shape::{Column, Need, UniqueKey};
-use crate::statements::{Flavor, Statements};
+use crate::statements::{ServerClock, StatementClock, Statements};
 use crate::table::{checked_table_name, derived_name, quoted};
 
 /// What every SQL store holds.
@@ -93,25 +93,41 @@ pub(crate) trait Dialect: Stored {
     type LockWait: Send;
     /// How the dialect quotes an identifier.
     const QUOTE: char;
-    /// What differs in the statements every dialect shares.
-    const FLAVOR: Flavor;
+    /// `$1, $2, …` placeholders (PostgreSQL) instead of `?`.
+    const NUMBERED: bool;
+    /// The larger of two values: `GREATEST` or SQLite's scalar `MAX`.
+    const GREATEST: &'static str;
+    /// The select list: [`COLUMNS`](crate::table::COLUMNS), or the dialect's way of
+    /// reading them as text.
+    const COLUMNS: &'static str;
+    /// `biz_type` as text, for the lists that group by it.
+    const BIZ_TEXT: &'static str;
+    /// What makes the read of a refused claim in the caller's transaction read the
+    /// latest committed record rather than the transaction's snapshot (`LOCK IN SHARE
+    /// MODE` on MySQL, whose REPEATABLE READ reads a snapshot; empty where the claim
+    /// statement already did, or where nothing can).
+    const LOCKING_READ: &'static str = "";
+    /// The server's clock, which every statement judges leases and expiry by when the
+    /// store's clock is asked for; `None` where the caller's instants are always bound
+    /// (SQLite lives on its host's clock).
+    const SERVER_CLOCK: Option<ServerClock>;
     /// The type `migrate` gives the `steps` column of a table made before steps.
     const STEPS_TYPE: &'static str;
     /// What the statements need of each column.
     const NEEDS: &'static [Need];
 
-    /// The one statement that claims a key of the table written `table` (quoted), in
-    /// `flavor` (the dialect's, judged by the server's clock or the caller's). Binds:
+    /// The one statement that claims a key of the table written `table` (quoted),
+    /// judged by `clock` (the server's or the caller's). Binds:
     /// biz, key, fingerprint, request body, then on the caller's clock lease end, now,
     /// expiry, first fence — on the server's, the lease's and the record's lengths.
-    fn claim_statement(table: &str, flavor: &Flavor) -> String;
+    fn claim_statement(table: &str, clock: StatementClock) -> String;
     /// A cheaper claim of a key nobody holds, tried on the store's pool before
     /// [`claim_statement`](Self::claim_statement) where the dialect has one: it inserts
     /// the record or, when one stands, changes nothing (the claim then reads it, and
     /// takes it over with the claim statement only if it is claimable). Binds as the
     /// claim statement's.
-    fn insert_statement(table: &str, flavor: &Flavor) -> Option<String> {
-        let _ = (table, flavor);
+    fn insert_statement(table: &str, clock: StatementClock) -> Option<String> {
+        let _ = (table, clock);
         None
     }
 
@@ -127,9 +143,9 @@ pub(crate) trait Dialect: Stored {
         std::future::ready(Err(StoreError::new("this dialect has no insert-if-absent claim")))
     }
 
-    /// The bounded purge of the table written `table`, in `flavor`. Binds: now (none
+    /// The bounded purge of the table written `table`, judged by `clock`. Binds: now (none
     /// on the server's clock; twice where the dialect repeats it), limit.
-    fn purge_statement(table: &str, flavor: &Flavor) -> String;
+    fn purge_statement(table: &str, clock: StatementClock) -> String;
 
     /// The purge binds the caller's `now` twice (MySQL's `?` cannot be used again).
     const PURGE_REPEATS_NOW: bool = false;
@@ -231,13 +247,13 @@ pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
 /// leases by `clock`.
 pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, clock: LeaseClock) -> D {
     let table = quoted(&name, D::QUOTE);
-    let flavor = D::FLAVOR.judged_by(clock);
+    let clock = StatementClock::of::<D>(clock);
     D::from_parts(Parts {
         pool,
-        sql: Arc::new(Statements::new(&name, &table, &flavor)),
-        upsert_sql: D::claim_statement(&table, &flavor).into(),
-        insert_sql: D::insert_statement(&table, &flavor).map(Into::into),
-        purge_sql: D::purge_statement(&table, &flavor).into(),
+        sql: Arc::new(Statements::new::<D>(&name, &table, clock)),
+        upsert_sql: D::claim_statement(&table, clock).into(),
+        insert_sql: D::insert_statement(&table, clock).map(Into::into),
+        purge_sql: D::purge_statement(&table, clock).into(),
         table_checked: Arc::default(),
         learned_get: Arc::default(),
     })

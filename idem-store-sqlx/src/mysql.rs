@@ -29,7 +29,7 @@ use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, 
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
-use crate::statements::{Flavor, ServerClock};
+use crate::statements::{ServerClock, StatementClock};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
@@ -207,21 +207,19 @@ impl Dialect for MySqlStore {
     type Stamp = NaiveDateTime;
     type LockWait = ();
     const QUOTE: char = '`';
-    const FLAVOR: Flavor = Flavor {
-        numbered: false,
-        greatest: "GREATEST",
-        columns: SELECT_COLUMNS,
-        biz_text: "CONVERT(biz_type USING utf8mb4)",
-        locking_read: " LOCK IN SHARE MODE",
-        // UTC, to the microsecond; the same instant throughout a statement.
-        clock: Some(ServerClock {
-            now: "UTC_TIMESTAMP(6)",
-            after: "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))",
-            epoch_micros: "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
-        }),
-    };
+    const NUMBERED: bool = false;
+    const GREATEST: &'static str = "GREATEST";
+    const COLUMNS: &'static str = SELECT_COLUMNS;
+    const BIZ_TEXT: &'static str = "CONVERT(biz_type USING utf8mb4)";
+    const LOCKING_READ: &'static str = " LOCK IN SHARE MODE";
+    // UTC, to the microsecond; the same instant throughout a statement.
+    const SERVER_CLOCK: Option<ServerClock> = Some(ServerClock {
+        now: "UTC_TIMESTAMP(6)",
+        after: "TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(6))",
+        epoch_micros: "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))",
+    });
 
-    fn claim_statement(table: &str, flavor: &Flavor) -> String {
+    fn claim_statement(table: &str, clock: StatementClock) -> String {
         // Order matters: first the columns the condition does not read; then
         // `fingerprint` (granted, it still agrees with the claim's), `status` (granted,
         // PROCESSING, as a takeover found it), `expires_at` (a grant by expiry still
@@ -231,8 +229,8 @@ impl Dialect for MySqlStore {
         // life its `created_at` and `expires_at` were just given.
         // On the server's clock the claim binds only the lengths of the lease and of
         // the record; on the caller's, its instants and first fence.
-        let (lease_until, expires_at) = (flavor.after("?"), flavor.after("?"));
-        let (now, first_fence) = flavor.clock.map_or(("?", "?"), |clock| (clock.now, clock.epoch_micros));
+        let (lease_until, expires_at) = (clock.after("?"), clock.after("?"));
+        let (now, first_fence) = clock.0.map_or(("?", "?"), |server| (server.now, server.epoch_micros));
         format!(
             "INSERT INTO {table} (biz_type, idempotent_key, status, fingerprint, request_body, \
                lease_until, created_at, expires_at, fence) \
@@ -259,8 +257,8 @@ impl Dialect for MySqlStore {
     /// MySQL that clause costs a first claim as much as a round trip, even when no
     /// record is in the way. A record that is there fails it with a duplicate key, and
     /// changes nothing.
-    fn insert_statement(table: &str, flavor: &Flavor) -> Option<String> {
-        let claim = Self::claim_statement(table, flavor);
+    fn insert_statement(table: &str, clock: StatementClock) -> Option<String> {
+        let claim = Self::claim_statement(table, clock);
         let (insert, _) = claim
             .split_once(" ON DUPLICATE KEY UPDATE")
             .expect("the claim is an INSERT … ON DUPLICATE KEY UPDATE");
@@ -289,8 +287,8 @@ impl Dialect for MySqlStore {
         }
     }
 
-    fn purge_statement(table: &str, flavor: &Flavor) -> String {
-        let now = flavor.now();
+    fn purge_statement(table: &str, clock: StatementClock) -> String {
+        let now = clock.now();
         format!(
             "DELETE FROM {table} WHERE expires_at <= {now} AND (status <> 'PROCESSING' OR lease_until <= {now}) \
              ORDER BY expires_at LIMIT ?"

@@ -13,7 +13,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
-use crate::statements::{insert_if_absent, upsert_on_conflict, Flavor, ServerClock};
+use crate::statements::{insert_if_absent, upsert_on_conflict, ServerClock, StatementClock};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -104,22 +104,19 @@ impl Dialect for PostgresStore {
     type Stamp = DateTime<Utc>;
     type LockWait = String;
     const QUOTE: char = '"';
-    const FLAVOR: Flavor = Flavor {
-        numbered: true,
-        greatest: "GREATEST",
-        columns: COLUMNS,
-        biz_text: "biz_type",
-        locking_read: "",
-        // The statement's start, the same instant however often a statement reads it.
-        clock: Some(ServerClock {
-            now: "statement_timestamp()",
-            after: "(statement_timestamp() + ? * INTERVAL '1 microsecond')",
-            epoch_micros: "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000)::BIGINT",
-        }),
-    };
+    const NUMBERED: bool = true;
+    const GREATEST: &'static str = "GREATEST";
+    const COLUMNS: &'static str = COLUMNS;
+    const BIZ_TEXT: &'static str = "biz_type";
+    // The statement's start, the same instant however often a statement reads it.
+    const SERVER_CLOCK: Option<ServerClock> = Some(ServerClock {
+        now: "statement_timestamp()",
+        after: "(statement_timestamp() + ? * INTERVAL '1 microsecond')",
+        epoch_micros: "(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000)::BIGINT",
+    });
 
-    fn claim_statement(table: &str, flavor: &Flavor) -> String {
-        let upsert = upsert_on_conflict(table, flavor);
+    fn claim_statement(table: &str, clock: StatementClock) -> String {
+        let upsert = upsert_on_conflict::<Self>(table, clock);
         let stood: Vec<String> = COLUMNS.split(", ").map(|column| format!("stood.{column}")).collect();
         format!(
             "WITH granted AS ({upsert}) \
@@ -131,8 +128,8 @@ impl Dialect for PostgresStore {
         )
     }
 
-    fn insert_statement(table: &str, flavor: &Flavor) -> Option<String> {
-        Some(insert_if_absent(table, flavor))
+    fn insert_statement(table: &str, clock: StatementClock) -> Option<String> {
+        Some(insert_if_absent::<Self>(table, clock))
     }
 
     async fn insert_if_absent(
@@ -152,8 +149,8 @@ impl Dialect for PostgresStore {
     }
 
     /// SKIP LOCKED: a purge never waits behind a claim in flight.
-    fn purge_statement(table: &str, flavor: &Flavor) -> String {
-        let (now, limit) = match &flavor.clock {
+    fn purge_statement(table: &str, clock: StatementClock) -> String {
+        let (now, limit) = match &clock.0 {
             Some(clock) => (clock.now, "$1"),
             None => ("$1", "$2"),
         };

@@ -11,7 +11,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::granted_lease;
 use crate::shape::{Column, Need, UniqueKey};
-use crate::statements::{upsert_on_conflict, Flavor};
+use crate::statements::{upsert_on_conflict, ServerClock, StatementClock};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -140,21 +140,18 @@ impl Dialect for SqliteStore {
     type Stamp = String;
     type LockWait = i64;
     const QUOTE: char = '"';
-    const FLAVOR: Flavor = Flavor {
-        numbered: false,
-        greatest: "MAX",
-        columns: COLUMNS,
-        biz_text: "biz_type",
-        locking_read: "",
-        clock: None,
-    };
+    const NUMBERED: bool = false;
+    const GREATEST: &'static str = "MAX";
+    const COLUMNS: &'static str = COLUMNS;
+    const BIZ_TEXT: &'static str = "biz_type";
+    const SERVER_CLOCK: Option<ServerClock> = None;
 
-    fn claim_statement(table: &str, flavor: &Flavor) -> String {
-        upsert_on_conflict(table, flavor)
+    fn claim_statement(table: &str, clock: StatementClock) -> String {
+        upsert_on_conflict::<Self>(table, clock)
     }
 
     /// SQLite lives on its host's clock: the caller's `now` is bound.
-    fn purge_statement(table: &str, _flavor: &Flavor) -> String {
+    fn purge_statement(table: &str, _clock: StatementClock) -> String {
         format!(
             "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} \
              WHERE expires_at <= ?1 AND (status <> 'PROCESSING' OR lease_until <= ?1) LIMIT ?2)"
@@ -387,5 +384,43 @@ mod tests {
             error.contains("SQLite 3.34.1 is too old") && error.contains("3.35"),
             "{error}"
         );
+    }
+
+    /// A release parks only a record that holds steps. Its delete found no record
+    /// without steps under the lease; a record without steps that stands under the same
+    /// fence and life by the time the park runs (another claim's new life, begun at the
+    /// same instant in between) keeps its lease.
+    #[tokio::test]
+    async fn the_park_of_a_release_leaves_a_record_without_steps_alone() {
+        use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore};
+        use std::time::{Duration, SystemTime};
+
+        let path = std::env::temp_dir().join(format!("idem-park-{}.db", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let store = super::SqliteStore::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        let claim = Claim::new(
+            "b",
+            "k",
+            SystemTime::now(),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        );
+        let ClaimOutcome::Acquired(lease) = store.claim(&claim).await.unwrap() else {
+            panic!("a first claim is acquired")
+        };
+        let lease_until = store.get("b", "k").await.unwrap().unwrap().lease_until;
+        let mut conn = store.parts.pool.acquire().await.unwrap();
+        let park = sqlx::query(&store.parts.sql.park);
+        let parked = super::SqliteStore::write_held(&mut *conn, "release", park, &lease)
+            .await
+            .unwrap();
+        assert_eq!(parked, FenceCheck::Lost, "the park touched a record without steps");
+        let record = store.get("b", "k").await.unwrap().unwrap();
+        assert_eq!(record.lease_until, lease_until, "the holder's lease still runs");
+        drop(conn);
+        let _ = std::fs::remove_file(&path);
     }
 }

@@ -3,29 +3,9 @@
 //! Every holder write names its lease the same way — `fence` and `created_at` of the
 //! record's life, while it is `PROCESSING` — so a fenced-out holder matches no row.
 
+use crate::dialect::Dialect;
 #[cfg(any(feature = "sqlite", feature = "postgres", test))]
 use crate::table::COLUMNS;
-
-/// What differs between dialects in the statements that are otherwise shared.
-#[derive(Clone, Copy)]
-pub(crate) struct Flavor {
-    /// `$1, $2, …` placeholders (PostgreSQL) instead of `?`.
-    pub numbered: bool,
-    /// The larger of two values: `GREATEST` or SQLite's scalar `MAX`.
-    pub greatest: &'static str,
-    /// The select list: [`COLUMNS`](crate::table::COLUMNS), or the dialect's way of reading them as text.
-    pub columns: &'static str,
-    /// `biz_type` as text, for the lists that group by it.
-    pub biz_text: &'static str,
-    /// What makes the read of a refused claim in the caller's transaction read the
-    /// latest committed record rather than the transaction's snapshot (`LOCK IN SHARE
-    /// MODE` on MySQL, whose REPEATABLE READ reads a snapshot; empty where the claim
-    /// statement already did, or where nothing can).
-    pub locking_read: &'static str,
-    /// The server's clock, which every statement judges leases and expiry by; `None`
-    /// where the caller's instants are bound (SQLite lives on its host's clock).
-    pub clock: Option<ServerClock>,
-}
 
 /// A database server's clock in SQL: the statement's instant, read once per statement,
 /// and instants a bound number of microseconds from it. Only durations come from the
@@ -40,25 +20,30 @@ pub(crate) struct ServerClock {
     pub epoch_micros: &'static str,
 }
 
-impl Flavor {
-    /// The flavor whose statements judge by `clock`: the dialect's server clock, or
-    /// the caller's bound instants.
-    pub(crate) fn judged_by(self, clock: idem_runtime::LeaseClock) -> Flavor {
+/// The clock a store's statements judge leases and expiry by: the dialect's
+/// [`SERVER_CLOCK`](crate::dialect::Dialect::SERVER_CLOCK), or none where the caller's
+/// instants are bound.
+#[derive(Clone, Copy)]
+pub(crate) struct StatementClock(pub Option<ServerClock>);
+
+impl StatementClock {
+    /// The clock of dialect `D`'s statements when leases are judged by `clock`.
+    pub(crate) fn of<D: Dialect>(clock: idem_runtime::LeaseClock) -> StatementClock {
         match clock {
-            idem_runtime::LeaseClock::Store => self,
-            idem_runtime::LeaseClock::Caller => Flavor { clock: None, ..self },
+            idem_runtime::LeaseClock::Store => StatementClock(D::SERVER_CLOCK),
+            idem_runtime::LeaseClock::Caller => StatementClock(None),
         }
     }
 
     /// "Now" in a statement: the server's instant, or a bound one.
     pub(crate) fn now(&self) -> &'static str {
-        self.clock.as_ref().map_or("?", |clock| clock.now)
+        self.0.as_ref().map_or("?", |clock| clock.now)
     }
 
     /// An instant some time from now: the server's instant plus bound microseconds, or
     /// a bound instant. `placeholder` is where the bind goes (`?`, or `?5`).
     pub(crate) fn after(&self, placeholder: &str) -> String {
-        match &self.clock {
+        match &self.0 {
             Some(clock) => clock.after.replace('?', placeholder),
             None => placeholder.to_owned(),
         }
@@ -81,6 +66,9 @@ pub(crate) struct Statements {
     /// Deletes a record without steps.
     pub release: String,
     /// Lets the lease of a record with steps lapse, keeping them for the next claim.
+    /// Never a record without steps: the release's delete found none under the lease,
+    /// and a record without steps that stands there by the time the park runs is
+    /// another claim's.
     pub park: String,
     pub record_steps: String,
     /// The read of one record (and, on a server's clock, the server's instant after
@@ -115,20 +103,22 @@ const OF_BIZ: &str = "(biz_type = ? OR ? = '')";
 const NOT_A_TOKEN: &str = "biz_type NOT LIKE 'token.%'";
 
 impl Statements {
-    pub(crate) fn new(name: &str, table: &str, flavor: &Flavor) -> Self {
+    /// The statements of dialect `D` on the table `name` (written `table`, quoted),
+    /// judged by `clock`.
+    pub(crate) fn new<D: Dialect>(name: &str, table: &str, clock: StatementClock) -> Self {
         let sql = |text: String| {
-            if flavor.numbered {
+            if D::NUMBERED {
                 numbered(&text)
             } else {
                 text
             }
         };
-        let greatest = flavor.greatest;
-        let columns = flavor.columns;
-        let (now, after) = (flavor.now(), flavor.after("?"));
+        let greatest = D::GREATEST;
+        let columns = D::COLUMNS;
+        let (now, after) = (clock.now(), clock.after("?"));
         // On a server's clock a read also says when it read, by that clock: a claim
         // judges what it read by that instant.
-        let read_at = flavor.clock.map_or(String::new(), |clock| format!(", {}", clock.now));
+        let read_at = clock.0.map_or(String::new(), |clock| format!(", {}", clock.now));
         let finish = |status: &str, column: &str| {
             sql(format!(
                 "UPDATE {table} SET status = '{status}', {column} = ?, lease_until = {now}, completed_at = {now}, \
@@ -138,21 +128,23 @@ impl Statements {
         Self {
             table: name.to_owned(),
             quoted: table.to_owned(),
-            server_clock: flavor.clock.is_some(),
+            server_clock: clock.0.is_some(),
             renew: sql(format!(
                 "UPDATE {table} SET lease_until = {after}, expires_at = {greatest}(expires_at, {after}) WHERE {HELD}"
             )),
             complete: finish("SUCCESS", "response_body"),
             fail: finish("FAIL", "error_message"),
             release: sql(format!("DELETE FROM {table} WHERE {HELD} AND steps IS NULL")),
-            park: sql(format!("UPDATE {table} SET lease_until = created_at WHERE {HELD}")),
+            park: sql(format!(
+                "UPDATE {table} SET lease_until = created_at WHERE {HELD} AND steps IS NOT NULL"
+            )),
             record_steps: sql(format!("UPDATE {table} SET steps = ? WHERE {HELD}")),
             get: sql(format!(
                 "SELECT {columns}{read_at} FROM {table} WHERE biz_type = ? AND idempotent_key = ?"
             )),
             get_in_transaction: sql(format!(
                 "SELECT {columns}{read_at} FROM {table} WHERE biz_type = ? AND idempotent_key = ?{}",
-                flavor.locking_read
+                D::LOCKING_READ
             )),
             stuck: sql(format!(
                 "SELECT {columns} FROM {table} WHERE status = 'PROCESSING' AND created_at <= {after} \
@@ -175,7 +167,7 @@ impl Statements {
             stats: sql(format!(
                 "SELECT {biz_text}, status, COUNT(*), COUNT(CASE WHEN expires_at <= {now} THEN 1 END) FROM {table} \
                  WHERE {OF_BIZ} GROUP BY biz_type, status ORDER BY biz_type, status",
-                biz_text = flavor.biz_text
+                biz_text = D::BIZ_TEXT
             )),
             forget_failed: sql(format!(
                 "DELETE FROM {table} WHERE biz_type = ? AND idempotent_key = ? AND status = 'FAIL'"
@@ -190,8 +182,8 @@ impl Statements {
 /// [`upsert_on_conflict`] only if it is claimable). It writes nothing over a record
 /// that stands, so a duplicate's claim locks no row and commits no write. Binds as
 /// [`upsert_on_conflict`]'s.
-pub(crate) fn insert_if_absent(table: &str, flavor: &Flavor) -> String {
-    let upsert = upsert_on_conflict(table, flavor);
+pub(crate) fn insert_if_absent<D: Dialect>(table: &str, clock: StatementClock) -> String {
+    let upsert = upsert_on_conflict::<D>(table, clock);
     let (insert, _) = upsert
         .split_once(" ON CONFLICT")
         .expect("the claim's insert has a conflict clause");
@@ -206,12 +198,12 @@ pub(crate) fn insert_if_absent(table: &str, flavor: &Flavor) -> String {
 /// biz, key, fingerprint, request body, then on the caller's clock lease end, now,
 /// expiry, first fence — on a server's clock the lease's and the record's lengths in
 /// microseconds.
-pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
-    let (lease_until, now, expires_at, first_fence) = match &flavor.clock {
-        Some(clock) => (flavor.after("?5"), clock.now, flavor.after("?6"), clock.epoch_micros),
+pub(crate) fn upsert_on_conflict<D: Dialect>(table: &str, clock: StatementClock) -> String {
+    let (lease_until, now, expires_at, first_fence) = match &clock.0 {
+        Some(server) => (clock.after("?5"), server.now, clock.after("?6"), server.epoch_micros),
         None => ("?5".to_owned(), "?6", "?7".to_owned(), "?8"),
     };
-    let greatest = flavor.greatest;
+    let greatest = D::GREATEST;
     let text = format!(
         "INSERT INTO {table} AS cur ({COLUMNS}) \
          VALUES (?1, ?2, 'PROCESSING', {first_fence}, ?3, ?4, NULL, NULL, {lease_until}, {now}, NULL, {expires_at}, NULL) \
@@ -237,7 +229,7 @@ pub(crate) fn upsert_on_conflict(table: &str, flavor: &Flavor) -> String {
          RETURNING fence, created_at"
     );
     // SQLite numbers placeholders `?N`; PostgreSQL `$N`.
-    if flavor.numbered {
+    if D::NUMBERED {
         text.replace('?', "$")
     } else {
         text
@@ -273,9 +265,8 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[test]
     fn numbers_placeholders_for_postgres() {
-        use crate::dialect::Dialect;
-        let flavor = crate::PostgresStore::FLAVOR.judged_by(idem_runtime::LeaseClock::Caller);
-        let statements = Statements::new("t", "t", &flavor);
+        let clock = StatementClock::of::<crate::PostgresStore>(idem_runtime::LeaseClock::Caller);
+        let statements = Statements::new::<crate::PostgresStore>("t", "t", clock);
         assert!(statements
             .renew
             .starts_with("UPDATE t SET lease_until = $1, expires_at = GREATEST(expires_at, $2)"));
@@ -286,8 +277,8 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[test]
     fn statements_on_the_servers_clock_bind_lengths() {
-        use crate::dialect::Dialect;
-        let statements = Statements::new("t", "t", &crate::PostgresStore::FLAVOR);
+        let clock = StatementClock::of::<crate::PostgresStore>(idem_runtime::LeaseClock::Store);
+        let statements = Statements::new::<crate::PostgresStore>("t", "t", clock);
         assert!(statements.server_clock);
         assert!(
             statements.renew.starts_with(

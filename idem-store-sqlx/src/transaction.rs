@@ -387,9 +387,10 @@ macro_rules! impl_transaction_database {
                     use crate::dialect::Dialect;
                     let name = crate::table::DEFAULT_TABLE;
                     let quoted = crate::table::quoted(name, <$store>::QUOTE);
+                    let clock = crate::statements::StatementClock::of::<$store>(idem_runtime::LeaseClock::Store);
                     crate::transaction::Table {
-                        sql: std::sync::Arc::new(crate::statements::Statements::new(name, &quoted, &<$store>::FLAVOR)),
-                        upsert_sql: <$store>::claim_statement(&quoted, &<$store>::FLAVOR).into(),
+                        sql: std::sync::Arc::new(crate::statements::Statements::new::<$store>(name, &quoted, clock)),
+                        upsert_sql: <$store>::claim_statement(&quoted, clock).into(),
                     }
                 });
                 DEFAULT.clone()

@@ -1,5 +1,5 @@
-//! A store that injects faults into another: fail, delay, or commit-then-fail the next
-//! calls of one trait operation. It wraps the backend under test, so each fault is met
+//! A store that injects faults into another: fail, delay, commit-then-fail, or fence out
+//! the next calls of one trait operation. It wraps the backend under test, so each fault is met
 //! by the real store (SQLite, PostgreSQL, MariaDB, memory) around it. The fault probe
 //! (`idem-lab/src/bin/probes.rs`) uses it too.
 
@@ -59,6 +59,10 @@ pub enum Fault {
     /// Call the inner store (its write commits), then answer with an error, as a
     /// connection lost before the reply would.
     CommitThenFail,
+    /// Answer a fenced write (renew, complete, fail, release, record_steps) with
+    /// [`FenceCheck::Lost`], as if a newer holder had taken the key over; the inner
+    /// store is not called. Another operation that meets it answers with an error.
+    Fenced,
 }
 
 #[derive(Debug, Default)]
@@ -143,7 +147,25 @@ impl FaultyStore {
         op: Op,
         inner: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let answer = self.answer(op, inner).await;
+        self.answered(op, inner, None).await
+    }
+
+    /// [`call`](Self::call) for a fenced write, which a [`Fault::Fenced`] answers `Lost`.
+    async fn fenced(
+        &self,
+        op: Op,
+        inner: impl std::future::Future<Output = Result<FenceCheck, StoreError>>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.answered(op, inner, Some(FenceCheck::Lost)).await
+    }
+
+    async fn answered<T>(
+        &self,
+        op: Op,
+        inner: impl std::future::Future<Output = Result<T, StoreError>>,
+        lost: Option<T>,
+    ) -> Result<T, StoreError> {
+        let answer = self.answer(op, inner, lost).await;
         if answer.is_err() {
             *self.plan.lock().unwrap().errors.entry(op).or_default() += 1;
         }
@@ -154,6 +176,7 @@ impl FaultyStore {
         &self,
         op: Op,
         inner: impl std::future::Future<Output = Result<T, StoreError>>,
+        lost: Option<T>,
     ) -> Result<T, StoreError> {
         let injected = || StoreError::new(format!("injected fault on {op:?}"));
         match self.next_fault(op) {
@@ -167,6 +190,9 @@ impl FaultyStore {
                 inner.await?;
                 Err(injected())
             }
+            Some(Fault::Fenced) => lost.ok_or_else(|| {
+                StoreError::new(format!("Fault::Fenced injected on {op:?}, which is not a fenced write"))
+            }),
         }
     }
 }
@@ -178,7 +204,7 @@ impl IdempotencyStore for FaultyStore {
     }
 
     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
-        self.call(Op::Renew, self.inner.renew(lease, now, lease_for)).await
+        self.fenced(Op::Renew, self.inner.renew(lease, now, lease_for)).await
     }
 
     async fn complete(
@@ -188,7 +214,7 @@ impl IdempotencyStore for FaultyStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.call(Op::Complete, self.inner.complete(lease, response, now, ttl))
+        self.fenced(Op::Complete, self.inner.complete(lease, response, now, ttl))
             .await
     }
 
@@ -199,15 +225,16 @@ impl IdempotencyStore for FaultyStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.call(Op::Fail, self.inner.fail(lease, message, now, ttl)).await
+        self.fenced(Op::Fail, self.inner.fail(lease, message, now, ttl)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        self.call(Op::Release, self.inner.release(lease)).await
+        self.fenced(Op::Release, self.inner.release(lease)).await
     }
 
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
-        self.call(Op::RecordSteps, self.inner.record_steps(lease, steps)).await
+        self.fenced(Op::RecordSteps, self.inner.record_steps(lease, steps))
+            .await
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

@@ -8,7 +8,7 @@
 //! RabbitMQ (`IDEM_TEST_AMQP_URL`, started by `.ci/start-rabbitmq`); prints NOT RUN
 //! without them outside CI.
 
-#[path = "support/ci.rs"]
+#[path = "../../tests/support/ci.rs"]
 mod ci;
 
 use std::collections::BTreeSet;

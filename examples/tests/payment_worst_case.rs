@@ -8,7 +8,7 @@
 //! On a SQLite file always; on PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and MariaDB
 //! (`IDEM_TEST_MYSQL_URL`) when their URLs are set (NOT RUN without them outside CI).
 
-#[path = "support/ci.rs"]
+#[path = "../../tests/support/ci.rs"]
 mod ci;
 
 use std::process::Command;

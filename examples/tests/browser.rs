@@ -14,7 +14,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use idem_testkit::harness::{free_port, until_listening};
 use serde_json::{json, Value};
 
-#[path = "support/ci.rs"]
+#[path = "../../tests/support/ci.rs"]
 mod ci;
 
 /// A child process killed when dropped.
