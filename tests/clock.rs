@@ -42,7 +42,13 @@ async fn expiry_on_the_memory_store_without_sleeping() {
 
 #[tokio::test]
 async fn expiry_on_sqlite_without_sleeping() {
-    let path = std::env::temp_dir().join(format!("idem-clock-{}.db", std::process::id()));
+    // A file of this run's own: a file left by an earlier process of the same id would
+    // hold this order's record already.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let path = std::env::temp_dir().join(format!("idem-clock-{}-{run}.db", std::process::id()));
     let store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
         .await
         .unwrap();
