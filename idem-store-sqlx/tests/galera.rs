@@ -510,10 +510,13 @@ async fn a_node_lost_behind_its_address_loses_no_answer() {
     let store = MySqlStore::new(pool);
     store.migrate().await.unwrap();
     let biz = conformance::unique("galera-lost");
+    // A holder keeps writing its completion for half its lease: 30 s here, well above
+    // the cluster's stall while it waits out the hung node (5–10 s, longer on a loaded
+    // machine; a 20 s lease once left a completion unlanded and its key run again).
     let op = Arc::new(
         idem::Idempotent::new(biz.clone())
             .store(Arc::new(store.clone()))
-            .lease(Duration::from_secs(20)),
+            .lease(Duration::from_secs(60)),
     );
     let (tasks, keys) = (8, 1000);
     let started = Instant::now();
