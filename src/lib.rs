@@ -99,8 +99,9 @@
 //! order (`[1, 2]` and `[2, 1]` are two payloads: reordered payees are another
 //! request), integers of any width (`u128` included). serde cannot tell a set from a
 //! list: mark a `HashSet`, or a `Vec` whose order means nothing, with [`Unordered`] or
-//! `#[serde(serialize_with = "idem::unordered")]` (a `BTreeSet` is sorted already). The payload's JSON (up to
-//! [`MAX_REQUEST_BODY`]) is kept in `request_body` for reconciliation.
+//! `#[serde(serialize_with = "idem::unordered")]` (a `BTreeSet` is sorted already). Only the
+//! fingerprint is stored; `keep_request = true` keeps the payload's JSON (up to
+//! [`MAX_REQUEST_BODY`]) in `request_body` too.
 //!
 //! ## Faults, and what each does
 //!

@@ -14,6 +14,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Bas
 use lapin::types::FieldTable;
 use lapin::Channel;
 use serde::de::DeserializeOwned;
+use idem_runtime::observe::shown_key;
 use tracing::{debug, info, warn};
 
 use crate::connection::{self, Broker, Setup};
@@ -270,8 +271,8 @@ impl Consumer {
                 let body_failed = answer.as_ref().err().is_some_and(|error| error.idem_error().is_none());
                 if let Err(error) = &answer {
                     match disposition {
-                        Disposition::Final => warn!(queue = %self.queue, %key, %error, "message failed for good"),
-                        _ => debug!(queue = %self.queue, %key, %error, "message not settled; requeued after a pause"),
+                        Disposition::Final => warn!(queue = %self.queue, key = %shown_key(&key), %error, "message failed for good"),
+                        _ => debug!(queue = %self.queue, key = %shown_key(&key), %error, "message not settled; requeued after a pause"),
                     }
                 }
                 self.counted(&key, disposition, body_failed)
@@ -282,7 +283,7 @@ impl Consumer {
                     .map(|s| (*s).to_owned())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
-                warn!(queue = %self.queue, %key, panic = %what, "the handler panicked; the message is not settled");
+                warn!(queue = %self.queue, key = %shown_key(&key), panic = %what, "the handler panicked; the message is not settled");
                 self.counted(&key, Disposition::Redeliver, true)
             }
         };
@@ -309,7 +310,7 @@ impl Consumer {
             return disposition;
         }
         attempts.remove(key);
-        warn!(queue = %self.queue, %key, attempts = self.max_attempts, "the message's body failed every attempt; failed for good");
+        warn!(queue = %self.queue, key = %shown_key(&key), attempts = self.max_attempts, "the message's body failed every attempt; failed for good");
         Disposition::Final
     }
 
@@ -323,7 +324,7 @@ impl Consumer {
         let body = match serde_json::from_slice(&delivery.data) {
             Ok(body) => body,
             Err(error) => {
-                warn!(queue = %self.queue, %key, %error, "delivery's body does not decode; not run");
+                warn!(queue = %self.queue, key = %shown_key(&key), %error, "delivery's body does not decode; not run");
                 return None;
             }
         };

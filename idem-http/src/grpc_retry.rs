@@ -180,7 +180,7 @@ where
                 .retry(backoff)
                 .when(|status: &Status| retried(status.code()))
                 .notify(|status: &Status, pause| {
-                    tracing::debug!(target: "idem", effect = &*effect, code = ?status.code(), ?pause, "keyed gRPC call failed; sending it again with its key");
+                    tracing::debug!(target: "idem", effect = %idem_runtime::observe::shown_key(&effect), code = ?status.code(), ?pause, "keyed gRPC call failed; sending it again with its key");
                 })
                 .await
         })

@@ -162,7 +162,7 @@ impl KeyedClient {
                     Failure::Transport(error) => error.to_string(),
                     Failure::Status { status, .. } => status.to_string(),
                 };
-                tracing::debug!(target: "idem", effect, failure = %what, ?pause, "keyed request failed; sending it again with its key");
+                tracing::debug!(target: "idem", effect = %idem_runtime::observe::shown_key(effect), failure = %what, ?pause, "keyed request failed; sending it again with its key");
             })
             .await;
         let attempts = tries.load(std::sync::atomic::Ordering::Relaxed);

@@ -394,14 +394,25 @@ macro_rules! http_suite {
             );
         }
 
+        /// The request is kept only when the operation asks: then the 422 names the
+        /// fields that differ; by default it says only that the key was used for
+        /// another request (the fingerprint alone tells).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn another_body_with_the_same_key_is_422() {
-            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let Some((server, _)) = server(op().keep_request(true), Duration::ZERO).await else { return };
             let key = conformance::unique("k");
             assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
             Answer::of(server.pay("acme", Some(&key), &payment(200)))
                 .await
                 .assert_problem(422, "/cents");
+            assert_eq!(server.runs(), 1);
+
+            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
+            let refused = Answer::of(server.pay("acme", Some(&key), &payment(200))).await;
+            refused.assert_problem(422, "first used for another request");
+            assert!(!refused.body.contains("/cents"), "{}", refused.body);
             assert_eq!(server.runs(), 1);
         }
 

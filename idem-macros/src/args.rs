@@ -14,7 +14,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 14] = [
+const OPTIONS: [&str; 15] = [
     "key",
     "biz",
     "ttl",
@@ -26,6 +26,7 @@ const OPTIONS: [&str; 14] = [
     "outcome_policy",
     "wait",
     "payload",
+    "keep_request",
     "store",
     "tx",
     "crate",
@@ -242,6 +243,8 @@ pub struct Args {
     /// `outcome_policy = required`.
     pub outcome_policy_required: bool,
     pub payload: Option<Expr>,
+    /// `keep_request = true`.
+    pub keep_request: bool,
     pub store: Option<Expr>,
     /// The parameter holding the caller's transaction (transactional mode).
     pub tx: Option<Ident>,
@@ -298,6 +301,7 @@ impl Args {
                 "payload" => {
                     options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
                 }
+                "keep_request" => options.keep_request = errors.handle(keep_request(value)),
                 "store" => {
                     options.store = errors.handle(expression(
                         "store",
@@ -315,6 +319,17 @@ impl Args {
             ))
             .with_span(&Span::call_site())
         };
+        if let Some((true, span)) = options.keep_request {
+            if options.payload.is_none() && !seen.iter().any(|name| name == "payload") {
+                errors.push(
+                    Error::custom(
+                        "`keep_request = true` keeps the payload's JSON, and there is no payload: add \
+                         `payload = \"req\"` (the request to fingerprint), or remove `keep_request`",
+                    )
+                    .with_span(&span),
+                );
+            }
+        }
         if let Some(tx) = &options.tx {
             for error in transactional_conflicts(tx, &seen, &options) {
                 errors.push(error);
@@ -343,6 +358,7 @@ impl Args {
             on_takeover: options.on_takeover.map(|(policy, _)| policy),
             outcome_policy_required: options.outcome_policy.is_some(),
             payload: options.payload,
+            keep_request: options.keep_request.is_some_and(|(keep, _)| keep),
             store: options.store,
             tx: options.tx,
             krate: options.krate,
@@ -365,9 +381,22 @@ struct Options {
     on_takeover: Option<(OnTakeover, Span)>,
     outcome_policy: Option<Span>,
     payload: Option<Expr>,
+    /// The value, and where it was written.
+    keep_request: Option<(bool, Span)>,
     store: Option<Expr>,
     tx: Option<Ident>,
     krate: Option<Path>,
+}
+
+/// `keep_request = true` or `false`.
+fn keep_request(value: &Expr) -> darling::Result<(bool, Span)> {
+    match value {
+        Expr::Lit(ExprLit { lit: Lit::Bool(keep), .. }) => Ok((keep.value, keep.span())),
+        other => Err(Error::custom(
+            "`keep_request` is `true` (keep the payload's JSON in the record beside its fingerprint) or `false`",
+        )
+        .with_span(other)),
+    }
 }
 
 /// The options that mean nothing, or something unsafe, beside `tx = ...`: each an

@@ -69,6 +69,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let duration_setters = quote!(#(#duration_setters)*);
     let mode = args.mode.map(|variant| quote!(.mode(#private::Mode::#variant)));
     let outcome_policy = args.outcome_policy_required.then(|| quote!(.require_outcome_policy()));
+    let keep_request = args.keep_request.then(|| quote!(.keep_request(true)));
     let on_error = args
         .on_error
         .map(|variant| quote!(.on_error(#private::OnError::#variant)));
@@ -142,7 +143,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let statements = quote! {
             #duration_checks
             #key_stmt
-            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy;
+            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy #keep_request;
             #ttl_expr
             #payload
             #store_stmt

@@ -100,7 +100,10 @@ mod item;
 ///   this long for its result instead of failing with `idem::Error::InProgress`.
 /// - `payload` (default: none): an expression whose value is `Serialize`; its fingerprint
 ///   is stored, and the same key with another payload fails with
-///   `idem::Error::PayloadMismatch`. `payload = "req"`.
+///   `idem::Error::PayloadMismatch`. Only the fingerprint is stored. `payload = "req"`.
+/// - `keep_request` (default `false`): `true` keeps the payload's JSON in the record too
+///   (up to `idem::MAX_REQUEST_BODY` bytes), for an operator reading the record and for
+///   the HTTP layer's answer naming the fields that differ. Needs `payload`.
 /// - `store` (default: the store given to `idem::install`): `&S` for a `Clone` store,
 ///   `Arc<S>` or `Arc<dyn IdempotencyStore>`. `store = "self.store"`.
 /// - `tx` (default: none): transactional mode. Names the parameter of type

@@ -22,8 +22,13 @@
 //! Transactional calls (`tx = …`, `execute_in`) count the same, without a span or the
 //! body histogram (their two halves are separate calls of the caller's).
 //!
-//! Never labelled by key: keys are unbounded, and can be personal data. In spans the key
-//! is shown as given, or as a hash after [`hash_keys_in_traces`]`(true)`.
+//! Never labelled by key: keys are unbounded, and can be personal data (an e-mail, a
+//! phone number, an order number that names a person). For the same reason spans and
+//! log events show a key as `sha256:` and the first 16 hex digits of its SHA-256, by
+//! default: two keys still tell apart, and the key you are looking for is found by its
+//! hash (`printf %s "$KEY" | sha256sum | cut -c1-16`, or [`shown_key`]). Where keys are
+//! opaque (UUIDs a client minted), [`hash_keys_in_traces`]`(false)` shows them as given.
+//! An effect key (`biz:key:step:attempt`) names the key, and is shown the same way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -36,20 +41,38 @@ use crate::error::Error;
 /// allocation per call.
 type Biz = std::borrow::Cow<'static, str>;
 
-static HASH_KEYS: AtomicBool = AtomicBool::new(false);
+static HASH_KEYS: AtomicBool = AtomicBool::new(true);
 
-/// Show keys in spans and events as `sha256:<first 16 hex digits>` instead of as
-/// given, process-wide: for keys that hold personal data (an e-mail, a phone number).
+/// Whether spans and log events show keys (and effect keys) hashed, as
+/// `sha256:<first 16 hex digits>` — the default, for keys that may be personal data —
+/// or as given (`false`), process-wide.
 pub fn hash_keys_in_traces(hash: bool) {
     HASH_KEYS.store(hash, Ordering::Relaxed);
 }
 
-/// The key as spans show it.
-fn shown(key: &str) -> String {
-    if HASH_KEYS.load(Ordering::Relaxed) {
-        format!("sha256:{}", &crate::digest::sha256_hex(key)[..16])
-    } else {
-        key.to_owned()
+/// A key (or an effect key) as idem's spans and log events show it: hashed, unless
+/// [`hash_keys_in_traces`]`(false)` was asked for. For an application's own log lines
+/// about a call, so they name its key the way idem's do.
+///
+/// ```
+/// let shown = idem_runtime::observe::shown_key("ada@example.com").to_string();
+/// assert!(shown.starts_with("sha256:") && !shown.contains("ada"));
+/// ```
+pub fn shown_key(key: &str) -> ShownKey<'_> {
+    ShownKey(key)
+}
+
+/// A key as [`shown_key`] shows it (`Display`).
+#[derive(Debug, Clone, Copy)]
+pub struct ShownKey<'a>(&'a str);
+
+impl std::fmt::Display for ShownKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if HASH_KEYS.load(Ordering::Relaxed) {
+            write!(f, "sha256:{}", &crate::digest::sha256_hex(self.0)[..16])
+        } else {
+            f.write_str(self.0)
+        }
     }
 }
 
@@ -103,7 +126,7 @@ impl Outcome {
 pub(crate) fn call_span(biz: &str, key: &str) -> tracing::Span {
     let span = tracing::debug_span!(target: "idem", "idem.call", biz, key = Empty, fence = Empty, outcome = Empty);
     if !span.is_disabled() {
-        span.record("key", shown(key).as_str());
+        span.record("key", shown_key(key).to_string().as_str());
     }
     span
 }
@@ -195,7 +218,7 @@ pub(crate) fn lease_lost(biz: &Biz) {
 /// An effect's outcome is unknown, and its call failed closed: a record waits to be
 /// settled.
 pub(crate) fn outcome_unknown(biz: &str, step: &str, effect_key: &str) {
-    tracing::warn!(target: "idem", biz, step, effect_key,
+    tracing::warn!(target: "idem", biz, step, effect_key = %shown_key(effect_key),
         "idem: the effect's outcome is unknown; the record waits to be settled (idem unknown, idem settle)"
     );
     #[cfg(feature = "metrics")]

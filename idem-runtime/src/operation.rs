@@ -19,7 +19,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Default `lease`: a claim is respected for 30 s without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-/// A payload copy larger than this is not kept in `request_body` (its fingerprint is).
+/// A payload copy larger than this is not kept in `request_body`, even when
+/// [asked for](Idempotent::keep_request) (its fingerprint is).
 pub const MAX_REQUEST_BODY: usize = 64 * 1024;
 
 /// The options of one idempotent operation, and the way to run it.
@@ -56,6 +57,8 @@ pub struct Idempotent {
     pub(crate) wait: Option<Duration>,
     /// The payload, or why it could not be fingerprinted (reported at execute).
     pub(crate) payload: Option<Result<Payload, Arc<dyn std::error::Error + Send + Sync>>>,
+    /// Keep the payload's JSON in the record beside its fingerprint.
+    pub(crate) keep_request: bool,
     /// The first option given an out-of-range value (reported at execute).
     pub(crate) invalid: Option<(&'static str, String)>,
     store: Option<Arc<dyn IdempotencyStore>>,
@@ -65,15 +68,16 @@ pub struct Idempotent {
 #[derive(Debug, Clone)]
 pub(crate) struct Payload {
     pub(crate) fingerprint: String,
-    /// Its JSON, for reconciliation, when no larger than [`MAX_REQUEST_BODY`].
+    /// Its JSON, when no larger than [`MAX_REQUEST_BODY`]; stored only when
+    /// [asked for](Idempotent::keep_request).
     pub(crate) request_body: Option<String>,
 }
 
 impl Idempotent {
     /// An operation in the business namespace `biz`, with the defaults: `ttl` 24 h,
     /// `ReturnFirst`, `lease` 30 s (and as much [clock
-    /// tolerance](Self::clock_tolerance)), `on_error = Release`, no `wait`, no payload,
-    /// the installed store.
+    /// tolerance](Self::clock_tolerance)), `on_error = Release`, no `wait`, no payload
+    /// (and none kept), the installed store.
     pub fn new(biz: impl Into<Cow<'static, str>>) -> Self {
         Self {
             biz: biz.into(),
@@ -85,6 +89,7 @@ impl Idempotent {
             outcome_policy_required: false,
             wait: None,
             payload: None,
+            keep_request: false,
             invalid: None,
             store: None,
         }
@@ -192,8 +197,8 @@ impl Idempotent {
     /// in any order, lists in their order (`[1, 2]` and `[2, 1]` are two payloads),
     /// integers of any width. A set is marked [`Unordered`](crate::Unordered) (or its
     /// field `#[serde(serialize_with = "idem::unordered")]`) to compare as a multiset.
-    /// The payload's JSON is also kept in the record's `request_body` for
-    /// reconciliation, when it is at most [`MAX_REQUEST_BODY`] bytes.
+    /// Only the fingerprint is stored, unless [`keep_request`](Self::keep_request) asks
+    /// for the payload's JSON too.
     pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
         self.payload = Some(match fingerprint(payload) {
             Ok(fingerprint) => Ok(Payload {
@@ -207,7 +212,21 @@ impl Idempotent {
         self
     }
 
+    /// Keep the payload's JSON in the record's `request_body`, beside its fingerprint
+    /// (when it is at most [`MAX_REQUEST_BODY`] bytes): for an operator reading the
+    /// record (`idem show`), and for the HTTP layer, whose answer to a key reused for
+    /// another request then names the fields that differ. Off by default: the
+    /// fingerprint alone detects a changed payload, and a request often holds personal
+    /// data that need not be kept for a day.
+    pub fn keep_request(mut self, keep: bool) -> Self {
+        self.keep_request = keep;
+        self
+    }
+
     pub(crate) fn request_body(&self) -> Option<&str> {
+        if !self.keep_request {
+            return None;
+        }
         match &self.payload {
             Some(Ok(payload)) => payload.request_body.as_deref(),
             _ => None,

@@ -483,7 +483,7 @@ where
         let value = match effect.await {
             Ok(value) => value,
             Err(error) if declared && (self.ambiguous)(&error) => {
-                tracing::warn!(target: "idem", biz = %context.biz(), key = %context.key(), step = name,
+                tracing::warn!(target: "idem", biz = %context.biz(), key = %crate::observe::shown_key(context.key()), step = name,
                     "the step's effect returned an error that leaves its outcome unknown; reconciling");
                 return match self.settle(&log, &context, intent).await? {
                     Some(value) => Ok(value),
@@ -548,7 +548,7 @@ where
                 Err(error) => Some(error),
             };
             let Some(error) = why.filter(|_| std::time::Instant::now() + pause <= deadline) else {
-                tracing::warn!(target: "idem", biz = %log.lease.biz, key = %log.lease.key, step = %intent.step,
+                tracing::warn!(target: "idem", biz = %log.lease.biz, key = %crate::observe::shown_key(&log.lease.key), step = %intent.step,
                     "could not reconcile the step's effect; failing closed");
                 return Err(log.fail_closed(intent).await);
             };

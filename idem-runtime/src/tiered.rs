@@ -51,7 +51,7 @@ impl<F: IdempotencyStore, B: IdempotencyStore> TieredStore<F, B> {
             Ok(Some(record)) if claim.answered_by(&record) => Some(record),
             Ok(_) => None,
             Err(error) => {
-                tracing::warn!(target: "idem", %error, biz = claim.biz, key = claim.key, "pre-check store failed; asking the store that decides");
+                tracing::warn!(target: "idem", %error, biz = claim.biz, key = %crate::observe::shown_key(claim.key), "pre-check store failed; asking the store that decides");
                 None
             }
         }
@@ -74,7 +74,7 @@ impl<F: IdempotencyStore, B: IdempotencyStore> TieredStore<F, B> {
             Err(error) => Err(error),
         };
         if let Err(error) = written {
-            tracing::warn!(target: "idem", %error, biz = claim.biz, key = claim.key, "could not copy a finished record to the pre-check store");
+            tracing::warn!(target: "idem", %error, biz = claim.biz, key = %crate::observe::shown_key(claim.key), "could not copy a finished record to the pre-check store");
         }
     }
 }

@@ -42,9 +42,9 @@ impl Call<'_> {
             Ok(FenceCheck::Held) => {}
             // Taken over already (this holder stalled past its lease): the successor
             // finds the unknown outcome among the steps, and fails closed too.
-            Ok(FenceCheck::Lost) => tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key,
+            Ok(FenceCheck::Lost) => tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key),
                 "the unsettled record was taken over before it could be held"),
-            Err(source) => tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, error = %source,
+            Err(source) => tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key), error = %source,
                 "could not hold the unsettled record; the next call fails closed again once its lease lapses"),
         }
         unknown_error(lease, intent)
@@ -66,7 +66,7 @@ impl Call<'_> {
                 match self.store.renew(lease, clock::now(), stored_lease).await {
                     Ok(FenceCheck::Held) => next = beat,
                     Ok(FenceCheck::Lost) => {
-                        tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, fence = lease.fence,
+                        tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key), fence = lease.fence,
                             "idempotency lease lost while the body runs: another call took the key over"
                         );
                         signal.lose();
@@ -74,7 +74,7 @@ impl Call<'_> {
                         std::future::pending::<()>().await;
                     }
                     Err(error) => {
-                        tracing::warn!(target: "idem", biz = %lease.biz, key = %lease.key, fence = lease.fence, %error,
+                        tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key), fence = lease.fence, %error,
                             "could not renew the idempotency lease; retrying soon"
                         );
                         next = (beat / RETRY_SHARE_OF_BEAT).max(Duration::from_millis(1));

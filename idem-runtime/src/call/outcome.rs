@@ -130,7 +130,7 @@ impl OutcomeWrite {
                 Ok(FenceCheck::Held) => return Ok(Settled::Recorded),
                 Ok(FenceCheck::Lost) => return Ok(self.after_refusal(store).await),
                 Err(error) if Instant::now() + pause < give_up => {
-                    tracing::warn!(target: "idem", %error, biz = %self.lease.biz, key = %self.lease.key, fence = self.lease.fence,
+                    tracing::warn!(target: "idem", %error, biz = %self.lease.biz, key = %crate::observe::shown_key(&self.lease.key), fence = self.lease.fence,
                         operation = self.verdict.operation(), "could not record a finished call; retrying"
                     );
                     tokio::time::sleep(pause).await;
@@ -189,7 +189,7 @@ impl Drop for Recording<'_> {
     fn drop(&mut self) {
         let Some(mut write) = self.write.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!(target: "idem", biz = %write.lease.biz, key = %write.lease.key,
+            tracing::error!(target: "idem", biz = %write.lease.biz, key = %crate::observe::shown_key(&write.lease.key),
                 "no tokio runtime to finish recording a finished call; a retry after the lease will run it again"
             );
             return;
@@ -210,12 +210,12 @@ impl Drop for Recording<'_> {
                 other => other,
             };
             match settled {
-                Ok(Settled::Recorded) => tracing::debug!(target: "idem", biz = %write.lease.biz, key = %write.lease.key, "recorded a finished call after its caller left"
+                Ok(Settled::Recorded) => tracing::debug!(target: "idem", biz = %write.lease.biz, key = %crate::observe::shown_key(&write.lease.key), "recorded a finished call after its caller left"
                 ),
-                Ok(Settled::Lost) => tracing::warn!(target: "idem", biz = %write.lease.biz, key = %write.lease.key, fence = write.lease.fence,
+                Ok(Settled::Lost) => tracing::warn!(target: "idem", biz = %write.lease.biz, key = %crate::observe::shown_key(&write.lease.key), fence = write.lease.fence,
                     "a finished call's outcome was refused: the key was taken over"
                 ),
-                Err(error) => tracing::error!(target: "idem", %error, biz = %write.lease.biz, key = %write.lease.key,
+                Err(error) => tracing::error!(target: "idem", %error, biz = %write.lease.biz, key = %crate::observe::shown_key(&write.lease.key),
                     "gave up recording a finished call; a retry after the lease will run it again"
                 ),
             }

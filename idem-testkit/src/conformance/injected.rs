@@ -89,7 +89,7 @@ pub struct Basket {
     pub total: u128,
 }
 
-#[idempotent(key = "basket.id", biz = "injected.basket", store = store, payload = basket)]
+#[idempotent(key = "basket.id", biz = "injected.basket", store = store, payload = basket, keep_request = true)]
 async fn check_out(store: &Store, basket: Basket, runs: &Runs) -> Result<u128, AppError> {
     runs.hit();
     Ok(basket.total)
@@ -251,7 +251,7 @@ pub async fn equal_payloads_fingerprint_equal(store: &Store) {
     assert!(matches!(error, Error::PayloadMismatch { .. }), "{error:?}");
     let record = store.get("injected.basket", &id).await.unwrap().unwrap();
     let copy: serde_json::Value = serde_json::from_str(record.request_body.as_deref().unwrap()).unwrap();
-    assert_eq!(copy["id"], id.as_str(), "the payload is kept for reconciliation");
+    assert_eq!(copy["id"], id.as_str(), "the payload is kept, as `keep_request = true` asked");
 }
 
 /// A body whose lease was taken over learns it from its context.

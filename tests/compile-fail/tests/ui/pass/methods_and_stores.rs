@@ -38,4 +38,14 @@ async fn installed(id: u32) -> Result<Vec<String>, idem::Error> {
     Ok(vec![id.to_string()])
 }
 
+#[idempotent(key = "id", biz = "pass.kept", payload = "id", keep_request = true)]
+async fn kept(id: u32) -> Result<u32, idem::Error> {
+    Ok(id)
+}
+
+#[idempotent(key = "id", biz = "pass.unkept", payload = "id", keep_request = false)]
+async fn unkept(id: u32) -> Result<u32, idem::Error> {
+    Ok(id)
+}
+
 fn main() {}
