@@ -376,6 +376,12 @@ pub mod __private {
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub use idem_store_sqlx::sqlx;
 
+/// Stored values encrypted and authenticated at rest (feature `seal`): wrap any store in
+/// a [`seal::SealedStore`] with the application's keys.
+#[cfg(feature = "seal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "seal")))]
+pub use idem_runtime::seal;
+
 /// Records in Redis or a Redis Cluster (feature `redis`): see the
 /// [`idem_store_redis`] crate docs for the layout and what a claim on Redis survives.
 #[cfg(feature = "redis")]

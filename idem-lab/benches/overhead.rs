@@ -1,6 +1,6 @@
 //! What idem adds to a call, with no database in the way: the executor, key handling,
 //! serialization and the store's bookkeeping, on `MemoryStore` and through
-//! `CachedStore`. `cargo bench`; the per-backend table is `cargo run --release
+//! `CachedStore`; and what sealing a 1 KiB answer adds (`SealedStore`). `cargo bench`; the per-backend table is `cargo run --release
 //! -p idem-lab --bin bench`.
 
 // `criterion_group!` defines a public fn it cannot document.
@@ -115,5 +115,41 @@ fn metrics_cost(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, overhead, metrics_cost);
+/// A 1 KiB answer, whose body does nothing else.
+async fn kibibyte(n: u64) -> Result<String, idem::Error> {
+    Ok(format!("{n:>1024}"))
+}
+
+/// What sealing costs a call on `MemoryStore`: a 1 KiB answer sealed on its first
+/// execution and opened on each replay, beside the same calls unsealed.
+fn seal_cost(c: &mut Criterion) {
+    use idem::seal::{SealKey, SealedStore, StaticKeyRing};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("seal, 1 KiB answer");
+    let ring = StaticKeyRing::new(SealKey::new("k1", [7; 32]).unwrap(), []);
+    let stores: [(&str, Arc<dyn idem::IdempotencyStore>); 2] = [
+        ("MemoryStore", Arc::new(MemoryStore::new())),
+        ("SealedStore over MemoryStore", Arc::new(SealedStore::new(Arc::new(MemoryStore::new()), ring))),
+    ];
+    for (label, store) in stores {
+        let op = Idempotent::new("bench").store(store);
+        let next = AtomicU64::new(0);
+        group.bench_function(format!("first execution, {label}"), |b| {
+            b.to_async(&runtime).iter(|| {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                op.execute(format!("order-{n}"), kibibyte(n))
+            })
+        });
+        runtime.block_on(op.execute("hot", kibibyte(1))).unwrap();
+        group.bench_function(format!("replay, {label}"), |b| {
+            b.to_async(&runtime).iter(|| op.execute("hot", kibibyte(2)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, overhead, metrics_cost, seal_cost);
 criterion_main!(benches);

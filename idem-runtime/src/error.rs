@@ -183,17 +183,20 @@ pub enum Error {
         #[source]
         source: std::sync::Arc<dyn StdError + Send + Sync + 'static>,
     },
-    /// The stored response no longer deserializes into the function's `Ok` type (the
-    /// type changed between deploys, or the row was edited). The record is kept.
-    #[error("could not decode the stored response of biz `{biz}` key `{key}`")]
+    /// The stored record cannot be read back: its response no longer deserializes into
+    /// the function's `Ok` type (the type changed between deploys, or the row was
+    /// edited), or a sealed value of it does not open (moved from another record,
+    /// tampered with, sealed with a key the ring lacks). Nothing is replayed, the body
+    /// does not run, and the record is kept.
+    #[error("could not decode the stored record of biz `{biz}` key `{key}`")]
     Decode {
         /// Business namespace.
         biz: String,
         /// Idempotency key.
         key: String,
-        /// The deserializer's error.
+        /// The deserializer's error, or why the sealed value did not open.
         #[source]
-        source: serde_json::Error,
+        source: Box<dyn StdError + Send + Sync + 'static>,
     },
     /// No `store =` was given and no default store was installed with [`install`](crate::install).
     #[error("no idempotency store for biz `{biz}`: call `idem::install(store)` at start-up or pass `store = ...`")]
@@ -213,6 +216,10 @@ pub struct StoreError {
     message: String,
     #[source]
     source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+    /// The record was read, and a value of it cannot be (a sealed value that does not
+    /// open): the call fails with [`Error::Decode`], as for a response that does not
+    /// deserialize.
+    unreadable: bool,
 }
 
 impl StoreError {
@@ -221,6 +228,7 @@ impl StoreError {
         Self {
             message: message.into(),
             source: None,
+            unreadable: false,
         }
     }
 
@@ -232,7 +240,24 @@ impl StoreError {
         Self {
             message: message.into(),
             source: Some(source.into()),
+            unreadable: false,
         }
+    }
+
+    /// The record `(biz, key)` was read and one of its values cannot be, for `source`
+    /// (a sealed value that does not open): the call fails with [`Error::Decode`], and
+    /// the record is left as it is.
+    pub fn unreadable(biz: &str, key: &str, source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Self {
+            message: format!("a value of the record of biz `{biz}` key `{key}` cannot be read"),
+            source: Some(source.into()),
+            unreadable: true,
+        }
+    }
+
+    /// Whether the record was read and a value of it cannot be ([`unreadable`](Self::unreadable)).
+    pub fn is_unreadable(&self) -> bool {
+        self.unreadable
     }
 
     /// The message, without the source.

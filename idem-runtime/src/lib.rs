@@ -24,7 +24,9 @@
 //! `serde-content` gives serde's data model as a value (it keeps `Some(None)` apart
 //! from `None`, 128-bit integers, tuples and structs), which the payload fingerprint
 //! and the replay check (a replay equals the first answer) compare; serde_json is built
-//! with `float_roundtrip` so a replayed float has the first answer's exact bits.
+//! with `float_roundtrip` so a replayed float has the first answer's exact bits;
+//! `chacha20poly1305` (RustCrypto's AEAD, feature `seal`) seals stored values, with
+//! `base64` to write them as text.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bounds;
@@ -42,6 +44,9 @@ mod key;
 mod memory;
 pub mod observe;
 mod operation;
+#[cfg(feature = "seal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "seal")))]
+pub mod seal;
 mod policy;
 mod record;
 pub mod repair;

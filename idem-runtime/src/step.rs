@@ -118,7 +118,11 @@ impl StepLog {
     }
 
     fn undecodable(&self, source: serde_json::Error) -> Error {
-        self.about(|biz, key| Error::Decode { biz, key, source })
+        self.about(|biz, key| Error::Decode {
+            biz,
+            key,
+            source: Box::new(source),
+        })
     }
 
     fn unencodable(&self, what: &'static str, source: serde_json::Error) -> Error {

@@ -208,6 +208,13 @@ pub(crate) fn check_input<'o>(op: &'o Idempotent, key: &str) -> Result<Option<&'
 /// The store failed at `operation` for `key`.
 pub(crate) fn store_error(op: &Idempotent, key: &str, operation: &'static str, source: StoreError) -> Error {
     observe::store_failed(&op.biz, operation);
+    if source.is_unreadable() {
+        return error_of(op, key, |biz, key| Error::Decode {
+            biz,
+            key,
+            source: Box::new(source),
+        });
+    }
     error_of(op, key, |biz, key| Error::Store {
         biz,
         key,
