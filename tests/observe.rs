@@ -159,10 +159,19 @@ async fn keys_are_hashed_in_traces_and_logs_by_default() {
         .iter()
         .filter(|e| e.level == Level::WARN && e.fields.contains_key("key"))
         .collect();
-    assert!(!warned.is_empty(), "the failed completion is a warning naming the key: {seen:#?}");
-    assert_eq!(warned[0].fields["key"], idem::observe::shown_key("bob@example.com").to_string());
+    assert!(
+        !warned.is_empty(),
+        "the failed completion is a warning naming the key: {seen:#?}"
+    );
+    assert_eq!(
+        warned[0].fields["key"],
+        idem::observe::shown_key("bob@example.com").to_string()
+    );
     let everything = format!("{seen:?}");
-    assert!(!everything.contains("ada@example.com") && !everything.contains("bob@example.com"), "{seen:#?}");
+    assert!(
+        !everything.contains("ada@example.com") && !everything.contains("bob@example.com"),
+        "{seen:#?}"
+    );
 
     // Opaque keys can be shown as given.
     idem::observe::hash_keys_in_traces(false);
@@ -172,7 +181,11 @@ async fn keys_are_hashed_in_traces_and_logs_by_default() {
         .unwrap();
     idem::observe::hash_keys_in_traces(true);
     let seen = capture.0.lock().unwrap().clone();
-    assert!(seen.iter().any(|e| e.span.get("key").is_some_and(|key| key == "7c1e2a")), "{seen:#?}");
+    assert!(
+        seen.iter()
+            .any(|e| e.span.get("key").is_some_and(|key| key == "7c1e2a")),
+        "{seen:#?}"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
+use idem_runtime::observe::shown_key;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
 use lapin::types::FieldTable;
 use lapin::Channel;
 use serde::de::DeserializeOwned;
-use idem_runtime::observe::shown_key;
 use tracing::{debug, info, warn};
 
 use crate::connection::{self, Broker, Setup};
@@ -271,8 +271,12 @@ impl Consumer {
                 let body_failed = answer.as_ref().err().is_some_and(|error| error.idem_error().is_none());
                 if let Err(error) = &answer {
                     match disposition {
-                        Disposition::Final => warn!(queue = %self.queue, key = %shown_key(&key), %error, "message failed for good"),
-                        _ => debug!(queue = %self.queue, key = %shown_key(&key), %error, "message not settled; requeued after a pause"),
+                        Disposition::Final => {
+                            warn!(queue = %self.queue, key = %shown_key(&key), %error, "message failed for good")
+                        }
+                        _ => {
+                            debug!(queue = %self.queue, key = %shown_key(&key), %error, "message not settled; requeued after a pause")
+                        }
                     }
                 }
                 self.counted(&key, disposition, body_failed)
@@ -310,7 +314,7 @@ impl Consumer {
             return disposition;
         }
         attempts.remove(key);
-        warn!(queue = %self.queue, key = %shown_key(&key), attempts = self.max_attempts, "the message's body failed every attempt; failed for good");
+        warn!(queue = %self.queue, key = %shown_key(key), attempts = self.max_attempts, "the message's body failed every attempt; failed for good");
         Disposition::Final
     }
 

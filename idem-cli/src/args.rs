@@ -15,6 +15,18 @@ pub struct Cli {
     /// The table, when not `idempotent_record` (SQL stores).
     #[arg(long, global = true, default_value = "idempotent_record")]
     pub table: String,
+    /// The key ring the application seals its records with (`ID:BASE64KEY` entries,
+    /// the current key first), to show and repair sealed records; their values are
+    /// bound to `--table` (on Redis, the name given to `SealedStore::table`).
+    #[arg(
+        long,
+        env = "IDEM_SEAL_KEYS",
+        global = true,
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub seal_keys: String,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,

@@ -76,6 +76,16 @@ async fn failed(store: &Store, filter: &BizFilter, limit: u32, json: bool) -> Ou
 async fn unknown(store: &Store, filter: &BizFilter, limit: u32, json: bool) -> Outcome {
     let records = store.unsettled(filter.biz.as_deref(), limit).await?;
     print_unsettled(&records, json);
+    let sealed = records
+        .iter()
+        .filter(|record| idem_runtime::unknown::unsettled(record).is_none())
+        .count();
+    if sealed > 0 {
+        eprintln!(
+            "{sealed} more wait to be settled, their intents sealed: give the application's key ring \
+             (--seal-keys or IDEM_SEAL_KEYS) to list them"
+        );
+    }
     Ok(Ended::Done)
 }
 

@@ -48,7 +48,7 @@ pub enum Ended {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ended = match Store::open(&cli.database_url, &cli.table).await {
+    let ended = match Store::open(&cli.database_url, &cli.table, &cli.seal_keys).await {
         Opened::Store(store) => match store.refuses(&cli.command) {
             Some(usage) => Ended::Usage(usage),
             None => commands::run(&cli, &store).await,

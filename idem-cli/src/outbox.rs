@@ -7,16 +7,16 @@ use serde_json::json;
 
 use crate::args::OutboxCommand;
 use crate::commands::{confirmed, in_batches};
-use crate::store::Store;
+use crate::store::{Backend, Store};
 use crate::Ended;
 
 /// Run `command` on the outbox `table` of the database behind `store`.
 pub async fn run(store: &Store, table: &str, command: &OutboxCommand, json: bool) -> Result<Ended, StoreError> {
-    match store {
-        Store::Sqlite(store) => on(store.pool(), table, command, json).await,
-        Store::Postgres(store) => on(store.pool(), table, command, json).await,
-        Store::MySql(store) => on(store.pool(), table, command, json).await,
-        Store::Redis(_) => Ok(Ended::Usage(
+    match store.backend() {
+        Backend::Sqlite(store) => on(store.pool(), table, command, json).await,
+        Backend::Postgres(store) => on(store.pool(), table, command, json).await,
+        Backend::MySql(store) => on(store.pool(), table, command, json).await,
+        Backend::Redis(_) => Ok(Ended::Usage(
             "`idem outbox` needs the SQL database the outbox is in".to_owned(),
         )),
     }

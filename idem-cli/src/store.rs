@@ -1,17 +1,26 @@
 //! The store a URL names, and what each command asks of it.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::redacted_url as redacted;
+use idem_runtime::seal::{SealedStore, StaticKeyRing};
 use idem_runtime::{error_chain as chain, IdempotencyStore, Record, StoreError};
 
 use crate::args::Command;
 use idem_store_redis::RedisStore;
 use idem_store_sqlx::{BizStatus, MySqlStore, PostgresStore, SqliteStore};
 
+/// The store a command works on: its backend, and the seal its values are opened with
+/// when the application seals them (`--seal-keys`).
+pub struct Store {
+    backend: Backend,
+    sealed: Option<SealedStore>,
+}
+
 /// One store, by kind: the SQL stores have the operator's lists; every store has the
 /// trait.
-pub enum Store {
+pub enum Backend {
     Sqlite(SqliteStore),
     Postgres(PostgresStore),
     MySql(MySqlStore),
@@ -21,13 +30,25 @@ pub enum Store {
 /// Forward one call to the store of whatever kind, as `$store`.
 macro_rules! on_sql {
     ($self:expr, $store:ident => $call:expr, $what:literal) => {
-        match $self {
-            Store::Sqlite($store) => $call,
-            Store::Postgres($store) => $call,
-            Store::MySql($store) => $call,
-            Store::Redis(_) => Err(StoreError::new(concat!($what, " is not available on Redis"))),
+        match &$self.backend {
+            Backend::Sqlite($store) => $call,
+            Backend::Postgres($store) => $call,
+            Backend::MySql($store) => $call,
+            Backend::Redis(_) => Err(StoreError::new(concat!($what, " is not available on Redis"))),
         }
     };
+}
+
+impl Backend {
+    /// A handle on the backend's store (its pool shared), for a wrapper to own.
+    fn to_shared(&self) -> Arc<dyn IdempotencyStore> {
+        match self {
+            Backend::Sqlite(store) => Arc::new(store.clone()),
+            Backend::Postgres(store) => Arc::new(store.clone()),
+            Backend::MySql(store) => Arc::new(store.clone()),
+            Backend::Redis(store) => Arc::new(store.clone()),
+        }
+    }
 }
 
 /// What opening the store a URL names came to.
@@ -40,10 +61,22 @@ pub enum Opened {
 }
 
 impl Store {
-    /// Connect to the store at `url`, on `table` (SQL), without migrating.
-    pub async fn open(url: &str, table: &str) -> Opened {
+    /// Connect to the store at `url`, on `table` (SQL), without migrating; with
+    /// `seal_keys` (a key ring's text), values are opened with that ring, bound to
+    /// `table`.
+    pub async fn open(url: &str, table: &str, seal_keys: &str) -> Opened {
+        let ring = match seal_keys.trim() {
+            "" => None,
+            keys => match StaticKeyRing::parse(keys, "--seal-keys") {
+                Ok(ring) => Some(ring),
+                Err(error) => return Opened::Usage(error.to_string()),
+            },
+        };
         match Self::connect(url, table).await {
-            Ok(Some(store)) => Opened::Store(store),
+            Ok(Some(backend)) => {
+                let sealed = ring.map(|ring| SealedStore::new(backend.to_shared(), ring).table(table));
+                Opened::Store(Store { backend, sealed })
+            }
             Ok(None) if url.is_empty() => {
                 Opened::Usage("no store: give --database-url URL or set DATABASE_URL".to_owned())
             }
@@ -56,41 +89,41 @@ impl Store {
     }
 
     /// The store at `url`, or `None` for a URL of no kind of store idem has.
-    async fn connect(url: &str, table: &str) -> Result<Option<Self>, String> {
+    async fn connect(url: &str, table: &str) -> Result<Option<Backend>, String> {
         let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
         let failed = |e: StoreError| format!("{}: {}", redacted(url), chain(&e));
         let table_set = |e: StoreError| format!("table {table:?}: {}", chain(&e));
         Ok(Some(match scheme {
-            "sqlite" => Store::Sqlite(
+            "sqlite" => Backend::Sqlite(
                 SqliteStore::connect(url)
                     .await
                     .map_err(failed)?
                     .with_table_name(table)
                     .map_err(table_set)?,
             ),
-            "postgres" | "postgresql" => Store::Postgres(
+            "postgres" | "postgresql" => Backend::Postgres(
                 PostgresStore::connect(url)
                     .await
                     .map_err(failed)?
                     .with_table_name(table)
                     .map_err(table_set)?,
             ),
-            "mysql" | "mariadb" => Store::MySql(
+            "mysql" | "mariadb" => Backend::MySql(
                 MySqlStore::connect(&url.replacen("mariadb:", "mysql:", 1))
                     .await
                     .map_err(failed)?
                     .with_table_name(table)
                     .map_err(table_set)?,
             ),
-            "redis" | "rediss" => Store::Redis(RedisStore::connect(url).await.map_err(failed)?),
+            "redis" | "rediss" => Backend::Redis(RedisStore::connect(url).await.map_err(failed)?),
             _ => return Ok(None),
         }))
     }
 
     /// Why this store cannot run `command` (a usage error), or `None`.
     pub fn refuses(&self, command: &Command) -> Option<String> {
-        match self {
-            Store::Redis(_) if command.needs_sql() => Some(format!(
+        match self.backend {
+            Backend::Redis(_) if command.needs_sql() => Some(format!(
                 "`idem {}` needs a SQL store (sqlite://, postgres://, mysql://); on Redis there are `show`, \
                  `release` and `purge`",
                 command.name()
@@ -99,22 +132,41 @@ impl Store {
         }
     }
 
+    /// The store through the trait: sealed values opened (and what a repair writes
+    /// sealed) when the command was given the keys.
     pub fn shared(&self) -> &dyn IdempotencyStore {
-        match self {
-            Store::Sqlite(store) => store,
-            Store::Postgres(store) => store,
-            Store::MySql(store) => store,
-            Store::Redis(store) => store,
+        if let Some(sealed) = &self.sealed {
+            return sealed;
+        }
+        match &self.backend {
+            Backend::Sqlite(store) => store,
+            Backend::Postgres(store) => store,
+            Backend::MySql(store) => store,
+            Backend::Redis(store) => store,
+        }
+    }
+
+    /// The backend, for what works on its tables directly (the outbox).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// `records`, as a list query returned them, with their values opened when the
+    /// command was given the keys.
+    fn opened(&self, records: Vec<Record>) -> Result<Vec<Record>, StoreError> {
+        match &self.sealed {
+            Some(sealed) => records.into_iter().map(|record| sealed.open_record(record)).collect(),
+            None => Ok(records),
         }
     }
 
     /// The store and table, for messages.
     pub fn name(&self) -> String {
-        match self {
-            Store::Sqlite(store) => format!("SQLite table {}", store.table_name()),
-            Store::Postgres(store) => format!("PostgreSQL table {}", store.table_name()),
-            Store::MySql(store) => format!("MySQL table {}", store.table_name()),
-            Store::Redis(_) => "Redis".to_owned(),
+        match &self.backend {
+            Backend::Sqlite(store) => format!("SQLite table {}", store.table_name()),
+            Backend::Postgres(store) => format!("PostgreSQL table {}", store.table_name()),
+            Backend::MySql(store) => format!("MySQL table {}", store.table_name()),
+            Backend::Redis(_) => "Redis".to_owned(),
         }
     }
 
@@ -128,24 +180,26 @@ impl Store {
     }
 
     pub async fn oldest_processing(&self, biz: Option<&str>) -> Result<Option<Record>, StoreError> {
-        on_sql!(self, store => store.oldest_processing(biz).await, "stats")
+        let oldest = on_sql!(self, store => store.oldest_processing(biz).await, "stats")?;
+        Ok(self.opened(oldest.into_iter().collect())?.pop())
     }
 
     pub async fn stuck(&self, biz: Option<&str>, older_than: Duration, limit: u32) -> Result<Vec<Record>, StoreError> {
-        on_sql!(self, store => store.stuck(biz, older_than, limit).await, "stuck")
+        self.opened(on_sql!(self, store => store.stuck(biz, older_than, limit).await, "stuck")?)
     }
 
     pub async fn failed(&self, biz: Option<&str>, limit: u32) -> Result<Vec<Record>, StoreError> {
-        on_sql!(self, store => store.failed(biz, limit).await, "failed")
+        self.opened(on_sql!(self, store => store.failed(biz, limit).await, "failed")?)
     }
 
     pub async fn unsettled(&self, biz: Option<&str>, limit: u32) -> Result<Vec<Record>, StoreError> {
-        match self {
-            Store::Sqlite(store) => store.unsettled(biz, limit).await,
-            Store::Postgres(store) => store.unsettled(biz, limit).await,
-            Store::MySql(store) => store.unsettled(biz, limit).await,
-            Store::Redis(store) => store.unsettled(biz, limit).await,
-        }
+        let records = match &self.backend {
+            Backend::Sqlite(store) => store.unsettled(biz, limit).await,
+            Backend::Postgres(store) => store.unsettled(biz, limit).await,
+            Backend::MySql(store) => store.unsettled(biz, limit).await,
+            Backend::Redis(store) => store.unsettled(biz, limit).await,
+        }?;
+        self.opened(records)
     }
 
     pub async fn forget_failed(&self, biz: &str, key: &str) -> Result<bool, StoreError> {
@@ -157,11 +211,11 @@ impl Store {
     }
 
     pub async fn migration_sql(&self) -> Result<String, StoreError> {
-        match self {
-            Store::Sqlite(store) => Ok(store.migration_sql()),
-            Store::Postgres(store) => Ok(store.migration_sql()),
-            Store::MySql(store) => store.migration_sql().await,
-            Store::Redis(_) => Err(StoreError::new("migrate is not available on Redis")),
+        match &self.backend {
+            Backend::Sqlite(store) => Ok(store.migration_sql()),
+            Backend::Postgres(store) => Ok(store.migration_sql()),
+            Backend::MySql(store) => store.migration_sql().await,
+            Backend::Redis(_) => Err(StoreError::new("migrate is not available on Redis")),
         }
     }
 

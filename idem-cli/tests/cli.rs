@@ -652,3 +652,85 @@ fn show_finds_an_http_record_by_the_clients_key() {
     assert!(String::from_utf8_lossy(&whole.stderr).contains("--caller"));
     let _ = std::fs::remove_file(path);
 }
+
+/// A record sealed by the application (`SealedStore`), waiting to be settled: without
+/// the key ring `idem unknown` says one is sealed and `idem show` prints only sealed
+/// text; with `--seal-keys` it is listed and shown in clear, and `idem settle` writes
+/// the value sealed, as the application reads it back.
+#[test]
+fn sealed_records_are_read_and_settled_with_the_key_ring() {
+    use idem_runtime::seal::{SealKey, SealedStore, StaticKeyRing, SEALED_PREFIX};
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-seal")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let table = "idempotent_record";
+    let keys = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE";
+    let ring = || StaticKeyRing::new(SealKey::new("k1", [1; 32]).unwrap(), []);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let plain = runtime.block_on(async {
+        let plain = idem_store_sqlx::SqliteStore::connect(&url).await.unwrap();
+        plain.migrate().await.unwrap();
+        let sealed = SealedStore::new(Arc::new(plain.clone()), ring());
+        let (hour, day) = (Duration::from_secs(3600), Duration::from_secs(86_400));
+        // Its holder's lease lapsed: the record waits for an operator.
+        let lease = claimed(&sealed, "cli.seal", "order-9", idem_runtime::now() - 2 * hour, hour, day).await;
+        let steps = r#"{"charge":"!unknown: {\"step\":\"charge\",\"effect_key\":\"cli.seal:order-9:charge\",\"attempt\":1,\"at\":7}"}"#;
+        assert_eq!(sealed.record_steps(&lease, steps).await.unwrap(), idem_runtime::FenceCheck::Held);
+        plain
+    });
+    let raw = |plain: &idem_store_sqlx::SqliteStore| {
+        runtime.block_on(async { plain.get("cli.seal", "order-9").await.unwrap().unwrap().steps.unwrap() })
+    };
+    assert!(
+        !raw(&plain).contains("order-9:charge"),
+        "the intent is sealed: {}",
+        raw(&plain)
+    );
+
+    let blind = idem(&url, table, &["--json", "unknown"]);
+    assert_eq!(json(&blind), serde_json::json!([]));
+    assert!(String::from_utf8_lossy(&blind.stderr).contains("1 more wait to be settled"));
+    let with_keys = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["--database-url", &url, "--table", table])
+            .env("IDEM_SEAL_KEYS", keys)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listed = json(&with_keys(&["--json", "unknown"]));
+    assert_eq!(listed[0]["effect_key"], "cli.seal:order-9:charge", "{listed}");
+    let shown = json(&idem(&url, table, &["--json", "show", "cli.seal", "order-9"]));
+    assert!(shown[0]["steps"].as_str().unwrap().contains(SEALED_PREFIX), "{shown}");
+    let wrong = idem(&url, table, &["--seal-keys", "k1:AQID", "show", "cli.seal", "order-9"]);
+    assert_eq!(wrong.status.code(), Some(2), "a bad ring is a usage error");
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("32"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+
+    let settled = with_keys(&[
+        "settle",
+        "cli.seal",
+        "order-9",
+        "charge",
+        "--value",
+        r#"{"id":"ch_77"}"#,
+        "--yes",
+    ]);
+    assert!(settled.status.success(), "{}", String::from_utf8_lossy(&settled.stderr));
+    assert!(
+        !raw(&plain).contains("ch_77"),
+        "the settled value is sealed: {}",
+        raw(&plain)
+    );
+    let opened = runtime.block_on(async {
+        SealedStore::new(Arc::new(plain.clone()), ring())
+            .get("cli.seal", "order-9")
+            .await
+            .unwrap()
+            .unwrap()
+    });
+    assert_eq!(opened.steps.as_deref(), Some(r#"{"charge":"{\"id\":\"ch_77\"}"}"#));
+    let _ = std::fs::remove_file(path);
+}

@@ -399,21 +399,21 @@ macro_rules! http_suite {
         /// another request (the fingerprint alone tells).
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn another_body_with_the_same_key_is_422() {
-            let Some((server, _)) = server(op().keep_request(true), Duration::ZERO).await else { return };
+            let Some((keeping, _)) = server(op().keep_request(true), Duration::ZERO).await else { return };
             let key = conformance::unique("k");
-            assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
-            Answer::of(server.pay("acme", Some(&key), &payment(200)))
+            assert_eq!(Answer::of(keeping.pay("acme", Some(&key), &payment(100))).await.status, 201);
+            Answer::of(keeping.pay("acme", Some(&key), &payment(200)))
                 .await
                 .assert_problem(422, "/cents");
-            assert_eq!(server.runs(), 1);
+            assert_eq!(keeping.runs(), 1);
 
-            let Some((server, _)) = server(op(), Duration::ZERO).await else { return };
+            let Some((fingerprinting, _)) = server(op(), Duration::ZERO).await else { return };
             let key = conformance::unique("k");
-            assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
-            let refused = Answer::of(server.pay("acme", Some(&key), &payment(200))).await;
+            assert_eq!(Answer::of(fingerprinting.pay("acme", Some(&key), &payment(100))).await.status, 201);
+            let refused = Answer::of(fingerprinting.pay("acme", Some(&key), &payment(200))).await;
             refused.assert_problem(422, "first used for another request");
             assert!(!refused.body.contains("/cents"), "{}", refused.body);
-            assert_eq!(server.runs(), 1);
+            assert_eq!(fingerprinting.runs(), 1);
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

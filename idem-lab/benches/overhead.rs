@@ -132,7 +132,10 @@ fn seal_cost(c: &mut Criterion) {
     let ring = StaticKeyRing::new(SealKey::new("k1", [7; 32]).unwrap(), []);
     let stores: [(&str, Arc<dyn idem::IdempotencyStore>); 2] = [
         ("MemoryStore", Arc::new(MemoryStore::new())),
-        ("SealedStore over MemoryStore", Arc::new(SealedStore::new(Arc::new(MemoryStore::new()), ring))),
+        (
+            "SealedStore over MemoryStore",
+            Arc::new(SealedStore::new(Arc::new(MemoryStore::new()), ring)),
+        ),
     ];
     for (label, store) in stores {
         let op = Idempotent::new("bench").store(store);

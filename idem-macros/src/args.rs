@@ -391,7 +391,9 @@ struct Options {
 /// `keep_request = true` or `false`.
 fn keep_request(value: &Expr) -> darling::Result<(bool, Span)> {
     match value {
-        Expr::Lit(ExprLit { lit: Lit::Bool(keep), .. }) => Ok((keep.value, keep.span())),
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(keep), ..
+        }) => Ok((keep.value, keep.span())),
         other => Err(Error::custom(
             "`keep_request` is `true` (keep the payload's JSON in the record beside its fingerprint) or `false`",
         )

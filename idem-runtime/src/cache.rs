@@ -176,6 +176,10 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
         self.inner.record_steps(lease, steps).await
     }
 
+    fn seals(&self) -> bool {
+        self.inner.seals()
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.inner.get(biz, key).await
     }

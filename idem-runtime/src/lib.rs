@@ -18,7 +18,7 @@
 //! Why the dependencies: `async-trait` makes the store trait dyn-compatible
 //! (`Arc<dyn IdempotencyStore>`), which native async trait methods are not;
 //! `sha2` computes payload fingerprints; `getrandom` draws form tokens from the
-//! operating system's random source; `tokio` provides the task-local context and the
+//! operating system's random source (and the nonces of sealed values); `tokio` provides the task-local context and the
 //! timers of the heartbeat and of `wait`; `quick_cache` (feature `cache`) is the bounded
 //! concurrent cache behind `CachedStore`, chosen for reads that do no housekeeping;
 //! `serde-content` gives serde's data model as a value (it keeps `Some(None)` apart
@@ -44,14 +44,14 @@ mod key;
 mod memory;
 pub mod observe;
 mod operation;
-#[cfg(feature = "seal")]
-#[cfg_attr(docsrs, doc(cfg(feature = "seal")))]
-pub mod seal;
 mod policy;
 mod record;
 pub mod repair;
 mod replay;
 pub mod scoped_key;
+#[cfg(feature = "seal")]
+#[cfg_attr(docsrs, doc(cfg(feature = "seal")))]
+pub mod seal;
 mod step;
 mod store;
 pub mod sweeper;

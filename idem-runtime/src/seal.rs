@@ -33,9 +33,20 @@
 //! key: nothing is replayed, the body does not run, and the record is left as it is.
 //!
 //! Rotation: new values are sealed with the ring's current key; values sealed with a
-//! retired key still open while the ring holds it. The key ids, the record's status,
-//! fence, instants, fingerprint and the step names stay in clear (the store needs them
-//! to claim, to expire and to list what is unsettled).
+//! retired key still open while the ring holds it. Rotate in two deploys: first give
+//! every process the new key as a retired one (`OLD, NEW`), then make it current
+//! (`NEW, OLD`); a process that has not yet heard of a key cannot open what another
+//! sealed with it (a [`Error::Decode`](crate::Error::Decode), never a run). Drop the
+//! old key once no record needs it: every record sealed with it has expired.
+//!
+//! The key ids, the record's status,
+//! fence, instants, fingerprint, the step names and each step's marker (begun, outcome
+//! unknown) stay in clear: the store needs them to claim, to expire and to list what
+//! waits to be settled.
+//!
+//! The cipher is the RustCrypto `chacha20poly1305` crate's XChaCha20-Poly1305: its
+//! 192-bit nonces are drawn at random (`getrandom`, the operating system's generator)
+//! for every value, with no counter to keep across processes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -49,9 +60,11 @@ use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
+use crate::default_store::IntoSharedStore;
 use crate::error::StoreError;
 use crate::record::Record;
-use crate::store::{IdempotencyStore, IntoSharedStore};
+use crate::store::IdempotencyStore;
+use crate::unknown;
 
 /// What every sealed value begins with, before its key id.
 pub const SEALED_PREFIX: &str = "idem:sealed:v1:";
@@ -110,7 +123,8 @@ impl SealKey {
     /// in clear beside every value it seals).
     pub fn new(id: impl Into<String>, bytes: [u8; 32]) -> Result<Self, SealError> {
         let id = id.into();
-        let valid = !id.is_empty() && id.len() <= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let valid =
+            !id.is_empty() && id.len() <= 32 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !valid {
             return Err(SealError::KeyId(id));
         }
@@ -191,9 +205,12 @@ impl StaticKeyRing {
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or_default();
             for entry in line.split([',', ' ', '\t']).filter(|entry| !entry.is_empty()) {
-                let (id, key) = entry
-                    .split_once(':')
-                    .ok_or_else(|| ring_error(format!("`{}…` has no `ID:` before its key", &entry[..entry.len().min(4)])))?;
+                let (id, key) = entry.split_once(':').ok_or_else(|| {
+                    ring_error(format!(
+                        "`{}…` has no `ID:` before its key",
+                        &entry[..entry.len().min(4)]
+                    ))
+                })?;
                 keys.push(SealKey::from_base64(id, key)?);
             }
         }
@@ -245,8 +262,10 @@ enum Field<'a> {
 /// A store whose values are sealed: it wraps any store, and every store, the HTTP layer
 /// and the consumers work through it unchanged.
 ///
-/// Transactional mode (`tx = …`) writes through the SQL store itself, past this
-/// wrapper, and is refused with a sealed store.
+/// Transactional mode (`tx = …`) would write its record in the body's transaction, past
+/// this wrapper and in clear: a transactional call given a sealed store, or run with
+/// one installed, fails with [`Error::InvalidOption`](crate::Error::InvalidOption)
+/// before its body runs.
 #[derive(Debug, Clone)]
 pub struct SealedStore {
     inner: Arc<dyn IdempotencyStore>,
@@ -260,7 +279,7 @@ impl SealedStore {
     /// [`DEFAULT_TABLE`].
     pub fn new(inner: impl IntoSharedStore, ring: impl KeyRing + 'static) -> Self {
         Self {
-            inner: inner.into_shared_store(),
+            inner: inner.into_shared(),
             ring: Arc::new(ring),
             table: DEFAULT_TABLE.to_owned(),
             accept_unsealed: false,
@@ -297,18 +316,32 @@ impl SealedStore {
 
     /// `value` sealed for `field` of the record `(biz, key)`.
     fn seal(&self, biz: &str, key: &str, field: Field<'_>, value: &str) -> Result<String, StoreError> {
-        let sealing_key = self.ring.current().map_err(|error| StoreError::with_source("no key to seal with", error))?;
+        let sealing_key = self
+            .ring
+            .current()
+            .map_err(|error| StoreError::with_source("no key to seal with", error))?;
         let mut nonce = [0u8; NONCE_LEN];
-        getrandom::fill(&mut nonce).map_err(|error| StoreError::new(format!("no random nonce to seal with: {error}")))?;
+        getrandom::fill(&mut nonce)
+            .map_err(|error| StoreError::new(format!("no random nonce to seal with: {error}")))?;
         let aad = self.associated_data(biz, key, field);
         let sealed = sealing_key
             .cipher
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: value.as_bytes(), aad: &aad })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: value.as_bytes(),
+                    aad: &aad,
+                },
+            )
             .map_err(|_| StoreError::new("sealing failed"))?;
         let mut bytes = Vec::with_capacity(NONCE_LEN + sealed.len());
         bytes.extend_from_slice(&nonce);
         bytes.extend_from_slice(&sealed);
-        Ok(format!("{SEALED_PREFIX}{}:{}", sealing_key.id, URL_SAFE_NO_PAD.encode(bytes)))
+        Ok(format!(
+            "{SEALED_PREFIX}{}:{}",
+            sealing_key.id,
+            URL_SAFE_NO_PAD.encode(bytes)
+        ))
     }
 
     /// The value `stored` in `field` of the record `(biz, key)`, opened.
@@ -322,7 +355,9 @@ impl SealedStore {
         };
         let (id, text) = sealed.split_once(':').ok_or(SealError::Malformed("no key id"))?;
         let opening_key = self.ring.key(id)?.ok_or_else(|| SealError::MissingKey(id.to_owned()))?;
-        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| SealError::Malformed("not base64url"))?;
+        let bytes = URL_SAFE_NO_PAD
+            .decode(text)
+            .map_err(|_| SealError::Malformed("not base64url"))?;
         if bytes.len() < NONCE_LEN {
             return Err(SealError::Malformed("too short"));
         }
@@ -330,12 +365,21 @@ impl SealedStore {
         let aad = self.associated_data(biz, key, field);
         let opened = opening_key
             .cipher
-            .decrypt(XNonce::from_slice(nonce), Payload { msg: ciphertext, aad: &aad })
+            .decrypt(
+                XNonce::from_slice(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad: &aad,
+                },
+            )
             .map_err(|_| SealError::Tampered)?;
         String::from_utf8(opened).map_err(|_| SealError::Malformed("not UTF-8"))
     }
 
-    /// The steps map `steps` with every value sealed (`seal`) or opened.
+    /// The steps map `steps` with every entry sealed or opened by `change`. An entry's
+    /// marker (an intent, an outcome unknown, a value that could not be recorded) stays
+    /// in clear before it, so the store can still list what waits to be settled; what
+    /// follows the marker is `change`d.
     fn each_step(
         &self,
         steps: &str,
@@ -344,14 +388,18 @@ impl SealedStore {
         let map: BTreeMap<String, String> = serde_json::from_str(steps)
             .map_err(|error| StoreError::with_source("the record's steps are not a JSON object of strings", error))?;
         let mut changed = BTreeMap::new();
-        for (name, value) in &map {
-            changed.insert(name.clone(), change(name, value)?);
+        for (name, entry) in &map {
+            let (marker, value) = unknown::split_marker(entry);
+            changed.insert(name.clone(), format!("{marker}{}", change(name, value)?));
         }
         serde_json::to_string(&changed).map_err(|error| StoreError::with_source("the steps do not serialize", error))
     }
 
-    /// `record` with every sealed value opened.
-    fn opened(&self, mut record: Record) -> Result<Record, StoreError> {
+    /// `record`, as the wrapped store returned it, with every sealed value opened: for a
+    /// tool that lists records with the store's own queries (`idem unknown`, `idem
+    /// failed`) and shows them. A value that does not open is an error
+    /// ([`StoreError::is_unreadable`]).
+    pub fn open_record(&self, mut record: Record) -> Result<Record, StoreError> {
         let (biz, key) = (record.biz.clone(), record.key.clone());
         let unreadable = |error: SealError| StoreError::unreadable(&biz, &key, error);
         let open = |field, value: &mut Option<String>| -> Result<(), StoreError> {
@@ -382,7 +430,7 @@ impl IdempotencyStore for SealedStore {
         let mut sealed = *claim;
         sealed.request_body = sealed_request.as_deref();
         match self.inner.claim(&sealed).await? {
-            ClaimOutcome::Existing(record) => Ok(ClaimOutcome::Existing(self.opened(record)?)),
+            ClaimOutcome::Existing(record) => Ok(ClaimOutcome::Existing(self.open_record(record)?)),
             acquired => Ok(acquired),
         }
     }
@@ -391,12 +439,24 @@ impl IdempotencyStore for SealedStore {
         self.inner.renew(lease, now, lease_for).await
     }
 
-    async fn complete(&self, lease: &Lease, response: &str, now: SystemTime, ttl: Duration) -> Result<FenceCheck, StoreError> {
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
         let sealed = self.seal(&lease.biz, &lease.key, Field::Response, response)?;
         self.inner.complete(lease, &sealed, now, ttl).await
     }
 
-    async fn fail(&self, lease: &Lease, message: &str, now: SystemTime, ttl: Duration) -> Result<FenceCheck, StoreError> {
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
         let sealed = self.seal(&lease.biz, &lease.key, Field::Error, message)?;
         self.inner.fail(lease, &sealed, now, ttl).await
     }
@@ -412,12 +472,16 @@ impl IdempotencyStore for SealedStore {
         self.inner.record_steps(lease, &sealed).await
     }
 
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+    fn seals(&self) -> bool {
+        true
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        self.inner.get(biz, key).await?.map(|record| self.opened(record)).transpose()
+        self.inner
+            .get(biz, key)
+            .await?
+            .map(|record| self.open_record(record))
+            .transpose()
     }
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
@@ -440,8 +504,13 @@ mod tests {
     #[test]
     fn a_value_opens_only_where_it_was_sealed() {
         let sealed_store = store(StaticKeyRing::new(key("k1", 1), []));
-        let sealed = sealed_store.seal("pay", "o-1", Field::Response, "{\"cents\":100}").unwrap();
-        assert!(sealed.starts_with("idem:sealed:v1:k1:") && !sealed.contains("cents"), "{sealed}");
+        let sealed = sealed_store
+            .seal("pay", "o-1", Field::Response, "{\"cents\":100}")
+            .unwrap();
+        assert!(
+            sealed.starts_with("idem:sealed:v1:k1:") && !sealed.contains("cents"),
+            "{sealed}"
+        );
         assert_eq!(
             sealed_store.open("pay", "o-1", Field::Response, &sealed).unwrap(),
             "{\"cents\":100}"
@@ -452,15 +521,25 @@ mod tests {
             ("pay", "o-1", Field::Error),
             ("pay", "o-1", Field::Step("charge")),
         ] {
-            assert_eq!(sealed_store.open(biz, key, field, &sealed), Err(SealError::Tampered), "{biz} {key} {field:?}");
+            assert_eq!(
+                sealed_store.open(biz, key, field, &sealed),
+                Err(SealError::Tampered),
+                "{biz} {key} {field:?}"
+            );
         }
         let elsewhere = store(StaticKeyRing::new(key("k1", 1), [])).table("other_table");
-        assert_eq!(elsewhere.open("pay", "o-1", Field::Response, &sealed), Err(SealError::Tampered));
+        assert_eq!(
+            elsewhere.open("pay", "o-1", Field::Response, &sealed),
+            Err(SealError::Tampered)
+        );
         let mut flipped = sealed.clone().into_bytes();
         let last = flipped.len() - 1;
         flipped[last] = if flipped[last] == b'A' { b'B' } else { b'A' };
         let flipped = String::from_utf8(flipped).unwrap();
-        assert_eq!(sealed_store.open("pay", "o-1", Field::Response, &flipped), Err(SealError::Tampered));
+        assert_eq!(
+            sealed_store.open("pay", "o-1", Field::Response, &flipped),
+            Err(SealError::Tampered)
+        );
     }
 
     #[test]
@@ -469,13 +548,19 @@ mod tests {
         let sealed = old.seal("pay", "o-1", Field::Response, "1").unwrap();
         let rotated = store(StaticKeyRing::new(key("k2", 2), [key("k1", 1)]));
         assert_eq!(rotated.open("pay", "o-1", Field::Response, &sealed).unwrap(), "1");
-        assert!(rotated.seal("pay", "o-1", Field::Response, "1").unwrap().starts_with("idem:sealed:v1:k2:"));
+        assert!(rotated
+            .seal("pay", "o-1", Field::Response, "1")
+            .unwrap()
+            .starts_with("idem:sealed:v1:k2:"));
         let retired = store(StaticKeyRing::new(key("k2", 2), []));
         assert_eq!(
             retired.open("pay", "o-1", Field::Response, &sealed),
             Err(SealError::MissingKey("k1".into()))
         );
-        assert_eq!(retired.open("pay", "o-1", Field::Response, "1"), Err(SealError::NotSealed));
+        assert_eq!(
+            retired.open("pay", "o-1", Field::Response, "1"),
+            Err(SealError::NotSealed)
+        );
         let migrating = store(StaticKeyRing::new(key("k2", 2), [])).accept_unsealed(true);
         assert_eq!(migrating.open("pay", "o-1", Field::Response, "1").unwrap(), "1");
     }
@@ -490,8 +575,14 @@ mod tests {
         assert_eq!(ring.current().unwrap().id(), "k2");
         assert!(ring.key("k1").unwrap().is_some());
         assert!(matches!(StaticKeyRing::parse("", "test"), Err(SealError::Ring { .. })));
-        assert!(matches!(StaticKeyRing::parse("k1:AQID", "test"), Err(SealError::KeyBytes { .. })));
-        assert!(matches!(StaticKeyRing::parse("AQID", "test"), Err(SealError::Ring { .. })));
+        assert!(matches!(
+            StaticKeyRing::parse("k1:AQID", "test"),
+            Err(SealError::KeyBytes { .. })
+        ));
+        assert!(matches!(
+            StaticKeyRing::parse("AQID", "test"),
+            Err(SealError::Ring { .. })
+        ));
         assert!(matches!(SealKey::new("a b", [0; 32]), Err(SealError::KeyId(_))));
         assert!(!format!("{:?}", key("k1", 9)).contains('9'));
     }

@@ -67,6 +67,14 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
         None
     }
 
+    /// Whether the store seals the values it writes ([`SealedStore`](crate::seal), or a
+    /// wrapper around one). Transactional mode, which writes the record in the body's
+    /// transaction past any wrapper, refuses such a store rather than write in clear.
+    /// A wrapper forwards its inner store's answer; `false` by default.
+    fn seals(&self) -> bool {
+        false
+    }
+
     /// Save the finished steps of the holder's call (`steps`, the whole JSON object of
     /// [`Record::steps`]), fenced like every holder write.
     ///
@@ -133,6 +141,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         (**self).as_any()
+    }
+
+    fn seals(&self) -> bool {
+        (**self).seals()
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

@@ -126,6 +126,10 @@ impl<F: IdempotencyStore, B: IdempotencyStore> IdempotencyStore for TieredStore<
         self.back.record_steps(lease, steps).await
     }
 
+    fn seals(&self) -> bool {
+        self.front.seals() || self.back.seals()
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.back.get(biz, key).await
     }

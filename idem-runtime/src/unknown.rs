@@ -137,6 +137,26 @@ impl Entry {
     }
 }
 
+/// `entry` split into its marker (an intent, an outcome unknown, a value that could
+/// not be recorded; empty for a value) and what follows it.
+#[cfg(feature = "seal")]
+pub(crate) fn split_marker(entry: &str) -> (&str, &str) {
+    [INTENT, UNKNOWN, UNRECORDABLE]
+        .into_iter()
+        .find_map(|marker| entry.strip_prefix(marker).map(|rest| (marker, rest)))
+        .unwrap_or(("", entry))
+}
+
+/// Whether `record` is marked as waiting to be settled: a `PROCESSING` record with an
+/// entry of unknown outcome among its steps, read or not (a sealed record's intent
+/// opens only with its key ring; [`unsettled`] reads it).
+pub fn awaits_settling(record: &Record) -> bool {
+    record.status == Status::Processing
+        && record
+            .steps_map()
+            .is_ok_and(|steps| steps.values().any(|entry| entry.starts_with(UNKNOWN)))
+}
+
 /// The outcome `record` waits to have settled, if it is unsettled: a `PROCESSING`
 /// record with an entry of unknown outcome among its steps.
 pub fn unsettled(record: &Record) -> Option<Intent> {

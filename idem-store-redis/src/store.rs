@@ -236,7 +236,7 @@ impl RedisStore {
                         continue;
                     }
                     if let Some(record) = self.get(record_biz, key).await? {
-                        if idem_runtime::unknown::unsettled(&record).is_some() {
+                        if idem_runtime::unknown::awaits_settling(&record) {
                             found.push(record);
                         }
                     }

@@ -50,7 +50,7 @@ macro_rules! impl_store_api {
                 let records = self.list("unsettled", query).await?;
                 Ok(records
                     .into_iter()
-                    .filter(|record| idem_runtime::unknown::unsettled(record).is_some())
+                    .filter(|record| idem_runtime::unknown::awaits_settling(record))
                     .collect())
             }
 

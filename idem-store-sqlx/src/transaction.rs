@@ -108,6 +108,16 @@ pub trait TransactionDatabase: sqlx::Database + sealed::Sealed {
 /// database, else `idempotent_record`.
 fn table_for<DB: TransactionDatabase>(op: &Idempotent, store: Option<&dyn IdempotencyStore>) -> Result<Table, Error> {
     let given = store.or_else(|| op.given_store().map(|store| &**store as &dyn IdempotencyStore));
+    if given.map_or_else(|| idem_runtime::installed().is_some_and(|store| store.seals()), |store| store.seals()) {
+        return Err(Error::InvalidOption {
+            biz: op.biz().to_owned(),
+            option: "store",
+            reason: "the store seals its values, and a transactional call writes its record in the \
+                     transaction, past the seal, in clear: leave `tx` out for a sealed record (leased \
+                     mode, with steps for the effects), or give this call a store that does not seal"
+                .to_owned(),
+        });
+    }
     match given {
         // Not given: the installed store's table when it is one of this database's.
         None => Ok(idem_runtime::installed()

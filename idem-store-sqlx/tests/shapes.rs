@@ -181,5 +181,8 @@ async fn string_literals_are_expressions_for_every_option() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let record = store.get("shapes.strings", "r-1").await.unwrap().unwrap();
-    assert_eq!(record.request_body, None, "only the fingerprint is stored unless keep_request asks");
+    assert_eq!(
+        record.request_body, None,
+        "only the fingerprint is stored unless keep_request asks"
+    );
 }

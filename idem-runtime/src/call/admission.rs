@@ -129,14 +129,13 @@ impl Call<'_> {
 /// or the error its mode and status call for.
 pub(crate) fn answer_finished<T: DeserializeOwned>(op: &Idempotent, key: &str, record: Record) -> Result<T, Error> {
     match (record.status, op.mode) {
-        (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref())
-            .map_err(|source| {
-                error_of(op, key, |biz, key| Error::Decode {
-                    biz,
-                    key,
-                    source: Box::new(source),
-                })
-            }),
+        (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref()).map_err(|source| {
+            error_of(op, key, |biz, key| Error::Decode {
+                biz,
+                key,
+                source: Box::new(source),
+            })
+        }),
         (Status::Succeeded, Mode::Reject) => Err(error_of(op, key, |biz, key| Error::Duplicate { biz, key })),
         _ => Err(error_of(op, key, |biz, key| Error::PreviousFailed {
             biz,

@@ -42,10 +42,14 @@ impl Call<'_> {
             Ok(FenceCheck::Held) => {}
             // Taken over already (this holder stalled past its lease): the successor
             // finds the unknown outcome among the steps, and fails closed too.
-            Ok(FenceCheck::Lost) => tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key),
-                "the unsettled record was taken over before it could be held"),
-            Err(source) => tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key), error = %source,
-                "could not hold the unsettled record; the next call fails closed again once its lease lapses"),
+            Ok(FenceCheck::Lost) => {
+                tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key),
+                "the unsettled record was taken over before it could be held")
+            }
+            Err(source) => {
+                tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key), error = %source,
+                "could not hold the unsettled record; the next call fails closed again once its lease lapses")
+            }
         }
         unknown_error(lease, intent)
     }

@@ -237,6 +237,10 @@ impl IdempotencyStore for FaultyStore {
             .await
     }
 
+    fn seals(&self) -> bool {
+        self.inner.seals()
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.call(Op::Get, self.inner.get(biz, key)).await
     }

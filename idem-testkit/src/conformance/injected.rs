@@ -251,7 +251,11 @@ pub async fn equal_payloads_fingerprint_equal(store: &Store) {
     assert!(matches!(error, Error::PayloadMismatch { .. }), "{error:?}");
     let record = store.get("injected.basket", &id).await.unwrap().unwrap();
     let copy: serde_json::Value = serde_json::from_str(record.request_body.as_deref().unwrap()).unwrap();
-    assert_eq!(copy["id"], id.as_str(), "the payload is kept, as `keep_request = true` asked");
+    assert_eq!(
+        copy["id"],
+        id.as_str(),
+        "the payload is kept, as `keep_request = true` asked"
+    );
 }
 
 /// A body whose lease was taken over learns it from its context.
