@@ -26,8 +26,10 @@
 //!
 //! A sealed value is `idem:sealed:v1:<key id>:<base64url of nonce and ciphertext>`. Its
 //! associated data binds it to the table (the store's name for it, [`SealedStore::table`]),
-//! the record's biz and key, and the field it was written to: a value copied onto another
-//! record, or into another field of the same record, does not open. A value that does not
+//! the record's biz and key, the field it was written to and, for the answer and the
+//! failure's text, the fence of the life that wrote them: a value copied onto another
+//! record, into another field, or from an earlier life of the same key onto a later
+//! one, does not open. A value that does not
 //! open — moved, tampered with, sealed with a key the ring lacks, or not sealed at all —
 //! fails the call with [`Error::Decode`](crate::Error::Decode) naming the biz and the
 //! key: nothing is replayed, the body does not run, and the record is left as it is.
@@ -252,8 +254,10 @@ impl KeyRing for StaticKeyRing {
 /// A field of a record, as the associated data names it.
 #[derive(Debug, Clone, Copy)]
 enum Field<'a> {
-    Response,
-    Error,
+    /// The answer, written by the holder of this fence.
+    Response(u64),
+    /// The failure's text, written by the holder of this fence.
+    Error(u64),
     Request,
     /// A step's value or an intent: the entry's name in the steps map.
     Step(&'a str),
@@ -303,15 +307,15 @@ impl SealedStore {
     }
 
     fn associated_data(&self, biz: &str, key: &str, field: Field<'_>) -> Vec<u8> {
-        let (name, step) = match field {
-            Field::Response => ("response", ""),
-            Field::Error => ("error", ""),
-            Field::Request => ("request", ""),
-            Field::Step(name) => ("step", name),
+        let (name, detail) = match field {
+            Field::Response(fence) => ("response", fence.to_string()),
+            Field::Error(fence) => ("error", fence.to_string()),
+            Field::Request => ("request", String::new()),
+            Field::Step(name) => ("step", name.to_owned()),
         };
         // NUL cannot occur in a table name, a biz, a key or a field name: the parts
         // cannot run into each other.
-        format!("idem.sealed.v1\0{}\0{biz}\0{key}\0{name}\0{step}", self.table).into_bytes()
+        format!("idem.sealed.v1\0{}\0{biz}\0{key}\0{name}\0{detail}", self.table).into_bytes()
     }
 
     /// `value` sealed for `field` of the record `(biz, key)`.
@@ -408,8 +412,8 @@ impl SealedStore {
             }
             Ok(())
         };
-        open(Field::Response, &mut record.response_body)?;
-        open(Field::Error, &mut record.error_message)?;
+        open(Field::Response(record.fence), &mut record.response_body)?;
+        open(Field::Error(record.fence), &mut record.error_message)?;
         open(Field::Request, &mut record.request_body)?;
         if let Some(steps) = record.steps.take() {
             record.steps = Some(self.each_step(&steps, |name, value| {
@@ -446,7 +450,7 @@ impl IdempotencyStore for SealedStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        let sealed = self.seal(&lease.biz, &lease.key, Field::Response, response)?;
+        let sealed = self.seal(&lease.biz, &lease.key, Field::Response(lease.fence), response)?;
         self.inner.complete(lease, &sealed, now, ttl).await
     }
 
@@ -457,7 +461,7 @@ impl IdempotencyStore for SealedStore {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        let sealed = self.seal(&lease.biz, &lease.key, Field::Error, message)?;
+        let sealed = self.seal(&lease.biz, &lease.key, Field::Error(lease.fence), message)?;
         self.inner.fail(lease, &sealed, now, ttl).await
     }
 
@@ -505,20 +509,21 @@ mod tests {
     fn a_value_opens_only_where_it_was_sealed() {
         let sealed_store = store(StaticKeyRing::new(key("k1", 1), []));
         let sealed = sealed_store
-            .seal("pay", "o-1", Field::Response, "{\"cents\":100}")
+            .seal("pay", "o-1", Field::Response(1), "{\"cents\":100}")
             .unwrap();
         assert!(
             sealed.starts_with("idem:sealed:v1:k1:") && !sealed.contains("cents"),
             "{sealed}"
         );
         assert_eq!(
-            sealed_store.open("pay", "o-1", Field::Response, &sealed).unwrap(),
+            sealed_store.open("pay", "o-1", Field::Response(1), &sealed).unwrap(),
             "{\"cents\":100}"
         );
         for (biz, key, field) in [
-            ("pay", "o-2", Field::Response),
-            ("refund", "o-1", Field::Response),
-            ("pay", "o-1", Field::Error),
+            ("pay", "o-2", Field::Response(1)),
+            ("refund", "o-1", Field::Response(1)),
+            ("pay", "o-1", Field::Error(1)),
+            ("pay", "o-1", Field::Response(2)),
             ("pay", "o-1", Field::Step("charge")),
         ] {
             assert_eq!(
@@ -529,7 +534,7 @@ mod tests {
         }
         let elsewhere = store(StaticKeyRing::new(key("k1", 1), [])).table("other_table");
         assert_eq!(
-            elsewhere.open("pay", "o-1", Field::Response, &sealed),
+            elsewhere.open("pay", "o-1", Field::Response(1), &sealed),
             Err(SealError::Tampered)
         );
         let mut flipped = sealed.clone().into_bytes();
@@ -537,7 +542,7 @@ mod tests {
         flipped[last] = if flipped[last] == b'A' { b'B' } else { b'A' };
         let flipped = String::from_utf8(flipped).unwrap();
         assert_eq!(
-            sealed_store.open("pay", "o-1", Field::Response, &flipped),
+            sealed_store.open("pay", "o-1", Field::Response(1), &flipped),
             Err(SealError::Tampered)
         );
     }
@@ -545,24 +550,24 @@ mod tests {
     #[test]
     fn retired_keys_open_and_missing_or_unsealed_values_are_refused() {
         let old = store(StaticKeyRing::new(key("k1", 1), []));
-        let sealed = old.seal("pay", "o-1", Field::Response, "1").unwrap();
+        let sealed = old.seal("pay", "o-1", Field::Response(1), "1").unwrap();
         let rotated = store(StaticKeyRing::new(key("k2", 2), [key("k1", 1)]));
-        assert_eq!(rotated.open("pay", "o-1", Field::Response, &sealed).unwrap(), "1");
+        assert_eq!(rotated.open("pay", "o-1", Field::Response(1), &sealed).unwrap(), "1");
         assert!(rotated
-            .seal("pay", "o-1", Field::Response, "1")
+            .seal("pay", "o-1", Field::Response(1), "1")
             .unwrap()
             .starts_with("idem:sealed:v1:k2:"));
         let retired = store(StaticKeyRing::new(key("k2", 2), []));
         assert_eq!(
-            retired.open("pay", "o-1", Field::Response, &sealed),
+            retired.open("pay", "o-1", Field::Response(1), &sealed),
             Err(SealError::MissingKey("k1".into()))
         );
         assert_eq!(
-            retired.open("pay", "o-1", Field::Response, "1"),
+            retired.open("pay", "o-1", Field::Response(1), "1"),
             Err(SealError::NotSealed)
         );
         let migrating = store(StaticKeyRing::new(key("k2", 2), [])).accept_unsealed(true);
-        assert_eq!(migrating.open("pay", "o-1", Field::Response, "1").unwrap(), "1");
+        assert_eq!(migrating.open("pay", "o-1", Field::Response(1), "1").unwrap(), "1");
     }
 
     #[test]
