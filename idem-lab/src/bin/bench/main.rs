@@ -6,6 +6,7 @@
 //! cargo run --release -p idem-lab --bin bench -- --calls 5000 --growth
 //! cargo run --release -p idem-lab --bin bench -- --transactional-only  # just that table
 //! cargo run --release -p idem-lab --bin bench -- --http-only           # just the HTTP layer's
+//! cargo run --release -p idem-lab --bin bench -- --seal-only           # just what sealing costs
 //! cargo run --release -p idem-lab --bin bench -- --latency-only        # just the first table
 //! cargo run --release -p idem-lab --bin bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
@@ -14,7 +15,8 @@
 //! record statements typed directly with sqlx on the same pool), idem's first execution
 //! and replay, replay through `CachedStore`; p50 and p99 of each. Then transactional
 //! mode against the same business transaction without idem, and the `Idempotency-Key`
-//! layer against the same axum handler without it. Then throughput of
+//! layer against the same axum handler without it, and a sealed store (`idem::seal`)
+//! against the same store unsealed. Then throughput of
 //! distinct keys with 1, 8 and 64 tasks, a storm of 1,000 concurrent calls on one key,
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
@@ -596,6 +598,7 @@ mod growth;
 mod http_layer;
 mod messages;
 mod redis_floor;
+mod sealed;
 mod seed_floor;
 mod transactional;
 
@@ -627,6 +630,10 @@ async fn main() {
         http_layer::report(&backends, calls).await;
         return;
     }
+    if args.iter().any(|a| a == "--seal-only") {
+        sealed::report(&backends, calls).await;
+        return;
+    }
     println!("| backend | what | p50 µs | p99 µs | first ÷ floor (p50) |");
     println!("|---|---|---|---|---|");
     for backend in &backends {
@@ -638,6 +645,7 @@ async fn main() {
 
     transactional::report(&backends, calls).await;
     http_layer::report(&backends, calls).await;
+    sealed::report(&backends, calls).await;
     messages::report(calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");
