@@ -306,7 +306,9 @@
 //! fingerprint compare through it), `thiserror` (the error enum), `tracing` (lease-lost
 //! and retry warnings), `async-trait` (a dyn-compatible store trait), `sha2` (payload
 //! fingerprints), `sqlx` (the database stores), `redis` (the Redis store), `metrics` (the metrics
-//! facade, feature `metrics`), `getrandom` (form tokens), `chrono` (sqlx's timestamp types),
+//! facade, feature `metrics`), `getrandom` (form tokens, and the nonces of sealed values),
+//! `chacha20poly1305` (RustCrypto's AEAD, feature `seal`, with `base64` to store sealed
+//! values as text), `chrono` (sqlx's timestamp types),
 //! `quick_cache` (the cache tier, feature `cache`), `syn`/`quote`/`proc-macro2` (the
 //! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
 //! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the

@@ -557,7 +557,9 @@ macro_rules! http_suite {
             let url = harness::backend_url($backend, "http")?;
             let run = conformance::unique("http");
             let server = Server::start_with(&url, &run, Duration::ZERO, |store| {
-                let layer = IdempotencyLayer::new(op().store(store.clone())).principal(|caller: &Principal| caller.0.clone());
+                // Requests kept, so a 422 names the fields that differ.
+                let op = op().keep_request(true).store(store.clone());
+                let layer = IdempotencyLayer::new(op).principal(|caller: &Principal| caller.0.clone());
                 configure(layer.replay_header(header::LOCATION))
             })
             .await;
