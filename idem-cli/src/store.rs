@@ -154,9 +154,14 @@ impl Store {
     /// `records`, as a list query returned them, with their values opened when the
     /// command was given the keys.
     fn opened(&self, records: Vec<Record>) -> Result<Vec<Record>, StoreError> {
+        records.into_iter().map(|record| self.open_record(record)).collect()
+    }
+
+    /// `record` with its values opened when the command was given the keys.
+    fn open_record(&self, record: Record) -> Result<Record, StoreError> {
         match &self.sealed {
-            Some(sealed) => records.into_iter().map(|record| sealed.open_record(record)).collect(),
-            None => Ok(records),
+            Some(sealed) => sealed.open_record(record),
+            None => Ok(record),
         }
     }
 
@@ -181,7 +186,7 @@ impl Store {
 
     pub async fn oldest_processing(&self, biz: Option<&str>) -> Result<Option<Record>, StoreError> {
         let oldest = on_sql!(self, store => store.oldest_processing(biz).await, "stats")?;
-        Ok(self.opened(oldest.into_iter().collect())?.pop())
+        oldest.map(|record| self.open_record(record)).transpose()
     }
 
     pub async fn stuck(&self, biz: Option<&str>, older_than: Duration, limit: u32) -> Result<Vec<Record>, StoreError> {

@@ -105,23 +105,16 @@ pub(crate) enum Entry {
 
 impl Entry {
     pub(crate) fn read(entry: &str) -> Entry {
-        let intent = |json: &str| serde_json::from_str::<Intent>(json);
-        if let Some(json) = entry.strip_prefix(INTENT) {
-            if let Ok(intent) = intent(json) {
-                return Entry::Intended(intent);
-            }
+        let intent = |json: &str| serde_json::from_str::<Intent>(json).ok();
+        match split_marker(entry) {
+            (INTENT, json) => intent(json).map(Entry::Intended),
+            (UNKNOWN, json) => intent(json).map(Entry::Unknown),
+            (UNRECORDABLE, reason) => Some(Entry::Unrecordable(reason.to_owned())),
+            _ => None,
         }
-        if let Some(json) = entry.strip_prefix(UNKNOWN) {
-            if let Ok(intent) = intent(json) {
-                return Entry::Unknown(intent);
-            }
-        }
-        match entry.strip_prefix(UNRECORDABLE) {
-            Some(reason) => Entry::Unrecordable(reason.to_owned()),
-            // An entry that starts with `?` or `!` and does not parse is no JSON either:
-            // it is kept as it is and fails to decode as a value, loudly.
-            None => Entry::Value(entry.to_owned()),
-        }
+        // An entry that starts with `?` or `!` and does not parse is no JSON either: it
+        // is kept as it is and fails to decode as a value, loudly.
+        .unwrap_or_else(|| Entry::Value(entry.to_owned()))
     }
 
     pub(crate) fn intended(intent: &Intent) -> String {
@@ -139,7 +132,6 @@ impl Entry {
 
 /// `entry` split into its marker (an intent, an outcome unknown, a value that could
 /// not be recorded; empty for a value) and what follows it.
-#[cfg(feature = "seal")]
 pub(crate) fn split_marker(entry: &str) -> (&str, &str) {
     [INTENT, UNKNOWN, UNRECORDABLE]
         .into_iter()
