@@ -331,13 +331,14 @@ pub use idem_runtime::digest;
 pub use idem_runtime::observe;
 pub use idem_runtime::repair;
 pub use idem_runtime::scoped_key;
+pub use idem_runtime::subject;
 pub use idem_runtime::token;
 pub use idem_runtime::unknown;
 pub use idem_runtime::unordered;
 pub use idem_runtime::{
-    context, error_chain, install, installed, step, Context, Error, IdempotencyStore, Idempotent, Intent,
-    IntoSharedStore, LeaseClock, Lookup, MemoryStore, Mode, OnError, Record, Status, Step, TieredStore, Unordered,
-    DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
+    context, error_chain, install, installed, step, AfterExpiry, Context, Error, IdempotencyStore, Idempotent, Intent,
+    IntoSharedStore, LeaseClock, Lookup, MemoryStore, Mode, OnError, Record, Status, Step, TieredStore, Tombstone,
+    Unordered, DEFAULT_LEASE, DEFAULT_TTL, MAX_BIZ_CHARS, MAX_DURATION, MAX_KEY_BYTES, MAX_REQUEST_BODY,
 };
 
 #[cfg(feature = "cache")]
@@ -355,7 +356,8 @@ pub use idem_runtime::sweeper;
 pub mod store {
     pub use idem_runtime::{
         fingerprints_agree, now, redacted_url, Admission, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease,
-        OwnedStore, Record, Status, StoreError, TransactionClaim, TransactionStore, UnknownStatus,
+        OwnedStore, Record, Retention, Status, StoreError, Tombstone, TransactionClaim, TransactionStore,
+        UnknownStatus, UnknownTombstone,
     };
 }
 

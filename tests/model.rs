@@ -460,12 +460,7 @@ async fn agree(inner: &Arc<dyn IdempotencyStore>, biz: &str, ops: &[Op]) {
         }
         for (outcome, call) in granted {
             if let (Outcome::Granted(fence, created_at), Op::Claim { key, .. }) = (outcome, call) {
-                leases.push(Lease {
-                    biz: biz.to_owned(),
-                    key: KEYS[*key].to_owned(),
-                    fence,
-                    created_at,
-                });
+                leases.push(Lease::new(biz, KEYS[*key], fence, created_at));
             }
         }
         assert_eq!(records(inner.as_ref(), biz).await, model.records, "{}", at("records"));

@@ -78,21 +78,25 @@ impl<S> CachedStore<S> {
         let (FenceCheck::Held, Some(response)) = (written, response) else {
             return;
         };
-        let record = Record {
+        let mut record = Record {
             biz: lease.biz.clone(),
             key: lease.key.clone(),
-            status: Status::Succeeded,
+            status: Status::Processing,
             fence,
             fingerprint,
             request_body: None,
-            response_body: Some(response.to_owned()),
+            response_body: None,
             error_message: None,
-            lease_until: Some(now),
+            lease_until: None,
             created_at: lease.created_at,
-            completed_at: Some(now),
-            expires_at: now + ttl,
+            completed_at: None,
+            expires_at: now,
             steps: None,
+            subject: None,
+            replay_until: None,
+            tombstone: None,
         };
+        record.finish(Status::Succeeded, response, now, ttl, &lease.retention);
         self.finished
             .insert((lease.biz.clone(), lease.key.clone()), Arc::new(record));
     }
@@ -186,6 +190,14 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         self.inner.purge_expired(now, limit).await
+    }
+
+    /// Erases in the store, then drops this cache's copies of the subject's records.
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        let erased = self.inner.erase_subject(subject).await?;
+        self.finished
+            .retain(|_, record| record.subject.as_deref() != Some(subject));
+        Ok(erased)
     }
 }
 

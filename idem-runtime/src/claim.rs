@@ -7,6 +7,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::record::{Record, Status};
+use crate::retention::Retention;
 
 /// A request to claim `(biz, key)` for one execution.
 #[derive(Debug, Clone, Copy)]
@@ -140,6 +141,9 @@ impl<'a> Claim<'a> {
             completed_at: None,
             expires_at: self.expires_at(),
             steps,
+            subject: None,
+            replay_until: None,
+            tombstone: None,
         }
     }
 }
@@ -175,17 +179,35 @@ pub struct Lease {
     /// `created_at` of the record's life the claim belongs to. Together with the fence
     /// it tells this holder from the holder of a record purged and created again.
     pub created_at: SystemTime,
+    /// What the holder's outcome keeps beyond its answer (the subject's hash, a
+    /// tombstone's window): set by the runtime after the claim, written by
+    /// [`complete`](crate::IdempotencyStore::complete) and
+    /// [`fail`](crate::IdempotencyStore::fail). Fence checks do not look at it.
+    pub retention: Retention,
 }
 
 impl Lease {
     /// The lease a granted `record` stands for.
     pub fn of(record: &Record) -> Self {
+        Self::new(&record.biz, &record.key, record.fence, record.created_at)
+    }
+
+    /// The lease of `(biz, key)` at `fence` in the life that began at `created_at`, as
+    /// a store's claim grants it (with no [retention](Self::retention) asked yet).
+    pub fn new(biz: &str, key: &str, fence: u64, created_at: SystemTime) -> Self {
         Self {
-            biz: record.biz.clone(),
-            key: record.key.clone(),
-            fence: record.fence,
-            created_at: record.created_at,
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            fence,
+            created_at,
+            retention: Retention::default(),
         }
+    }
+
+    /// The same lease, with what its outcome keeps beyond the answer.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// Whether the claim that granted this lease took a record over (from a holder

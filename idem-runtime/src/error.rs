@@ -97,6 +97,25 @@ pub enum Error {
         /// Idempotency key.
         key: String,
     },
+    /// The key's record ended its replay and is kept as a tombstone
+    /// ([`AfterExpiry::Gone`](crate::AfterExpiry::Gone)): the call it answers ran long
+    /// ago, its answer is no longer kept, and it is not run again. HTTP answers 410.
+    #[error("biz `{biz}` key `{key}` was used before and its answer has expired; it is not run again")]
+    Expired {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
+    /// The key's record belonged to a data subject that was erased: the call ran
+    /// before, what it stored is gone, and it is not run again. HTTP answers 410.
+    #[error("biz `{biz}` key `{key}` was used before and its record was erased; it is not run again")]
+    Erased {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
     /// The key was first used with another payload.
     #[error("biz `{biz}` key `{key}` was first used with a different payload")]
     PayloadMismatch {

@@ -26,7 +26,8 @@
 //! and the replay check (a replay equals the first answer) compare; serde_json is built
 //! with `float_roundtrip` so a replayed float has the first answer's exact bits;
 //! `chacha20poly1305` (RustCrypto's AEAD, feature `seal`) seals stored values, with
-//! `base64` to write them as text.
+//! `base64` to write them as text (and to read keys); `hmac` computes the keyed hash a
+//! record keeps of its data subject.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bounds;
@@ -48,12 +49,14 @@ mod policy;
 mod record;
 pub mod repair;
 mod replay;
+mod retention;
 pub mod scoped_key;
 #[cfg(feature = "seal")]
 #[cfg_attr(docsrs, doc(cfg(feature = "seal")))]
 pub mod seal;
 mod step;
 mod store;
+pub mod subject;
 pub mod sweeper;
 mod tiered;
 pub mod token;
@@ -78,6 +81,7 @@ pub use memory::MemoryStore;
 pub use operation::{Idempotent, DEFAULT_LEASE, DEFAULT_TTL, MAX_REQUEST_BODY};
 pub use policy::{Mode, OnError};
 pub use record::{Record, Status, UnknownStatus};
+pub use retention::{AfterExpiry, Retention, Tombstone, UnknownTombstone};
 pub use step::{step, Step};
 pub use store::{IdempotencyStore, OwnedStore};
 #[cfg(feature = "sweeper")]

@@ -10,6 +10,7 @@ use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock::{LeaseClock, SteadyClock};
 use crate::error::StoreError;
 use crate::record::{Record, Status};
+use crate::retention::Tombstone;
 use crate::store::IdempotencyStore;
 
 /// Records by biz, then by key: two levels, so a lookup borrows the caller's `&str`s
@@ -161,11 +162,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<FenceCheck, StoreError> {
         let now = self.judged_at(now);
         Ok(self.write_held(lease, |record| {
-            record.status = Status::Succeeded;
-            record.response_body = Some(response.to_owned());
-            record.lease_until = Some(now);
-            record.completed_at = Some(now);
-            record.expires_at = now + ttl;
+            record.finish(Status::Succeeded, response, now, ttl, &lease.retention)
         }))
     }
 
@@ -178,11 +175,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<FenceCheck, StoreError> {
         let now = self.judged_at(now);
         Ok(self.write_held(lease, |record| {
-            record.status = Status::Failed;
-            record.error_message = Some(message.to_owned());
-            record.lease_until = Some(now);
-            record.completed_at = Some(now);
-            record.expires_at = now + ttl;
+            record.finish(Status::Failed, message, now, ttl, &lease.retention)
         }))
     }
 
@@ -235,7 +228,26 @@ impl IdempotencyStore for MemoryStore {
             purged += doomed.len() as u64;
         }
         shelves.retain(|_, shelf| !shelf.is_empty());
+        let strippable = shelves
+            .values_mut()
+            .flat_map(HashMap::values_mut)
+            .filter(|record| record.strippable(now));
+        for record in strippable.take(usize::try_from(limit).unwrap_or(usize::MAX)) {
+            record.strip(Tombstone::Expired);
+        }
         Ok(purged)
+    }
+
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        let mut guard = self.lock();
+        let mut erased = 0;
+        for record in guard.shelves.values_mut().flat_map(HashMap::values_mut) {
+            if record.erasable(subject) {
+                record.strip(Tombstone::Erased);
+                erased += 1;
+            }
+        }
+        Ok(erased)
     }
 }
 

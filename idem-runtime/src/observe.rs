@@ -9,7 +9,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`), `in_progress`, `payload_mismatch`, `previous_failed`, `outcome_unknown` (a duplicate of an unsettled record, or a call that failed closed), `store_error`, `invalid` |
+//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`), `in_progress`, `payload_mismatch`, `previous_failed`, `gone` (a tombstone: expired or erased), `outcome_unknown` (a duplicate of an unsettled record, or a call that failed closed), `store_error`, `invalid` |
 //! | `idem_waits_total` | counter | `biz`: duplicates that waited for a running call |
 //! | `idem_takeovers_total` | counter | `biz`: claims that took a record over after its lease |
 //! | `idem_lease_lost_total` | counter | `biz`: holders whose outcome was refused by the fence |
@@ -86,6 +86,7 @@ pub(crate) enum Outcome {
     InProgress,
     PayloadMismatch,
     PreviousFailed,
+    Gone,
     Unknown,
     StoreError,
     Invalid,
@@ -101,6 +102,7 @@ impl Outcome {
             Outcome::InProgress => "in_progress",
             Outcome::PayloadMismatch => "payload_mismatch",
             Outcome::PreviousFailed => "previous_failed",
+            Outcome::Gone => "gone",
             Outcome::Unknown => "outcome_unknown",
             Outcome::StoreError => "store_error",
             Outcome::Invalid => "invalid",
@@ -114,6 +116,7 @@ impl Outcome {
             Error::InProgress { .. } => Outcome::InProgress,
             Error::PayloadMismatch { .. } => Outcome::PayloadMismatch,
             Error::PreviousFailed { .. } => Outcome::PreviousFailed,
+            Error::Expired { .. } | Error::Erased { .. } => Outcome::Gone,
             Error::OutcomeUnknown { .. } => Outcome::Unknown,
             Error::Store { .. } | Error::Decode { .. } => Outcome::StoreError,
             _ => Outcome::Invalid,

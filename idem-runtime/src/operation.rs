@@ -12,6 +12,7 @@ use crate::default_store::{installed, IntoSharedStore};
 use crate::error::Error;
 use crate::fingerprint::fingerprint;
 use crate::policy::{Mode, OnError};
+use crate::retention::{AfterExpiry, Retention};
 use crate::store::IdempotencyStore;
 
 /// Default `ttl`: a finished record answers duplicates for a day.
@@ -59,6 +60,10 @@ pub struct Idempotent {
     pub(crate) payload: Option<Result<Payload, Arc<dyn std::error::Error + Send + Sync>>>,
     /// Keep the payload's JSON in the record beside its fingerprint.
     pub(crate) keep_request: bool,
+    /// The keyed hash of the call's data subject, when one was named.
+    pub(crate) subject: Option<String>,
+    /// What a retry after the record's `ttl` gets.
+    pub(crate) after_expiry: AfterExpiry,
     /// The first option given an out-of-range value (reported at execute).
     pub(crate) invalid: Option<(&'static str, String)>,
     store: Option<Arc<dyn IdempotencyStore>>,
@@ -90,6 +95,8 @@ impl Idempotent {
             wait: None,
             payload: None,
             keep_request: false,
+            subject: None,
+            after_expiry: AfterExpiry::NewRequest,
             invalid: None,
             store: None,
         }
@@ -231,6 +238,40 @@ impl Idempotent {
             Some(Ok(payload)) => payload.request_body.as_deref(),
             _ => None,
         }
+    }
+
+    /// Name the data subject of this call — the person its request and answer are
+    /// about (a user id, an account number) — so that [`subject::erase`](crate::subject::erase)
+    /// can later remove what its record keeps. Only a keyed hash of `subject` is
+    /// stored, never the subject itself, computed with the installed
+    /// [`SubjectKey`](crate::subject::SubjectKey) (or the one in `IDEM_SUBJECT_KEY`).
+    /// With no key to be had the call fails with [`Error::InvalidOption`] before
+    /// anything is claimed: an unkeyed hash of a user id is as good as the id.
+    pub fn subject(mut self, subject: impl std::fmt::Display) -> Self {
+        match crate::subject::installed_key() {
+            Ok(key) => self.subject = Some(key.hash(&subject.to_string())),
+            Err(reason) => {
+                self.invalid.get_or_insert(("subject", reason));
+            }
+        }
+        self
+    }
+
+    /// What a retry that arrives after the record's `ttl` gets: a new run
+    /// ([`AfterExpiry::NewRequest`], the default) or, for the window of
+    /// [`AfterExpiry::Gone`], [`Error::Expired`] from a body-less tombstone. The window
+    /// is positive and at most [`MAX_DURATION`](crate::MAX_DURATION), as `ttl`.
+    pub fn after_expiry(mut self, after: AfterExpiry) -> Self {
+        self.after_expiry = match after {
+            AfterExpiry::Gone(window) => AfterExpiry::Gone(self.checked("after_expiry", window)),
+            AfterExpiry::NewRequest => AfterExpiry::NewRequest,
+        };
+        self
+    }
+
+    /// What this operation's finished records keep beyond their answer.
+    pub(crate) fn retention(&self) -> Retention {
+        Retention::new(self.subject.clone(), self.after_expiry)
     }
 
     /// Use `store` instead of the installed default.

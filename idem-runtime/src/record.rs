@@ -2,7 +2,9 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
+
+use crate::retention::{Retention, Tombstone};
 
 /// Where a record is in its life: `Processing → Succeeded | Failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,6 +84,16 @@ pub struct Record {
     /// step name to the JSON of its `Ok` value. Kept across takeovers and across a
     /// release, cleared when the record starts a new life.
     pub steps: Option<String>,
+    /// The keyed hash of the data subject of the call that finished this record
+    /// ([`subject`](crate::subject)), for erasure. Written with the outcome.
+    pub subject: Option<String>,
+    /// For a finished record that keeps a tombstone past its `ttl`
+    /// ([`AfterExpiry::Gone`](crate::AfterExpiry::Gone)): the end of its replay. From
+    /// then until `expires_at` it is a tombstone. `None`: it replays until it expires.
+    pub replay_until: Option<SystemTime>,
+    /// Set when a finished record's stored values were removed: by the purge after
+    /// `replay_until`, or by an erasure of its subject.
+    pub tombstone: Option<Tombstone>,
 }
 
 impl Record {
@@ -92,6 +104,67 @@ impl Record {
             None => Ok(Default::default()),
             Some(json) => serde_json::from_str(json),
         }
+    }
+
+    /// What a finished record is at `now` if it no longer answers with its outcome: an
+    /// erased record, or one past its replay (stripped by the purge or not yet).
+    /// `None` for a `Processing` record: what a finished life left is overwritten by
+    /// the next outcome.
+    pub fn tombstone_at(&self, now: SystemTime) -> Option<Tombstone> {
+        if self.status == Status::Processing {
+            return None;
+        }
+        self.tombstone.or_else(|| {
+            self.replay_until
+                .filter(|until| *until <= now)
+                .map(|_| Tombstone::Expired)
+        })
+    }
+
+    /// Write the outcome of the holder's call into its record, as every store does:
+    /// `status` with its `text` (the response of a success, the message of a failure),
+    /// finished at `now`, replayed for `ttl`, then kept as a tombstone for what
+    /// `retention` asks, with the subject's hash.
+    pub fn finish(&mut self, status: Status, text: &str, now: SystemTime, ttl: Duration, retention: &Retention) {
+        match status {
+            Status::Failed => self.error_message = Some(text.to_owned()),
+            _ => self.response_body = Some(text.to_owned()),
+        }
+        self.status = status;
+        self.lease_until = Some(now);
+        self.completed_at = Some(now);
+        self.expires_at = now + retention.record_length(ttl);
+        self.replay_until = retention.replay_until(now, ttl);
+        self.subject = retention.subject.clone();
+        self.tombstone = None;
+    }
+
+    /// Remove every value stored about the call — the request, the answer, the
+    /// failure's text, the steps — and keep the record as a tombstone of `why`: its
+    /// status, fence, instants, fingerprint and subject hash stay.
+    pub fn strip(&mut self, why: Tombstone) {
+        self.request_body = None;
+        self.response_body = None;
+        self.error_message = None;
+        self.steps = None;
+        self.tombstone = Some(why);
+    }
+
+    /// Whether the purge at `now` strips this record to a tombstone: finished, past its
+    /// replay, not stripped yet, not yet expired (an expired one is deleted).
+    pub fn strippable(&self, now: SystemTime) -> bool {
+        self.status != Status::Processing
+            && self.tombstone.is_none()
+            && self.replay_until.is_some_and(|until| until <= now)
+            && !self.is_expired(now)
+    }
+
+    /// Whether an erasure of the data subject `subject` (its keyed hash) strips this
+    /// record: finished, of that subject, not erased yet.
+    pub fn erasable(&self, subject: &str) -> bool {
+        self.status != Status::Processing
+            && self.subject.as_deref() == Some(subject)
+            && self.tombstone != Some(Tombstone::Erased)
     }
 
     /// Whether the record counts as absent at `now`.

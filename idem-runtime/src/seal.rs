@@ -491,6 +491,11 @@ impl IdempotencyStore for SealedStore {
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         self.inner.purge_expired(now, limit).await
     }
+
+    /// A subject's hash is keyed already: it is stored as it is.
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        self.inner.erase_subject(subject).await
+    }
 }
 
 #[cfg(test)]

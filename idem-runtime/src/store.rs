@@ -94,7 +94,28 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
 
     /// Delete at most `limit` records that expired at `now`, never a `Processing`
     /// record whose lease is still running. Returns how many were deleted.
+    ///
+    /// The same purge strips, also at most `limit`, the finished records past their
+    /// [replay](Record::replay_until) but not yet expired to tombstones
+    /// ([`Record::strip`] with [`Tombstone::Expired`](crate::Tombstone::Expired)), as
+    /// [`Record::strippable`] says.
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError>;
+
+    /// Erase the data subject whose keyed hash is `subject` ([`crate::subject`]): strip
+    /// every finished record of that subject, of every biz, to an
+    /// [`Erased`](crate::Tombstone::Erased) tombstone ([`Record::strip`]), which a retry
+    /// of its call meets instead of running again. Returns how many records were
+    /// stripped (a record erased before is not counted again).
+    ///
+    /// The default refuses: a store written before erasure existed keeps compiling, and
+    /// an erasure on it fails with this error instead of reporting none found.
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        let _ = subject;
+        Err(StoreError::new(format!(
+            "the store `{}` cannot erase a data subject (its `IdempotencyStore` impl has no `erase_subject`)",
+            std::any::type_name::<Self>()
+        )))
+    }
 }
 
 #[async_trait]
@@ -153,6 +174,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         (**self).purge_expired(now, limit).await
+    }
+
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        (**self).erase_subject(subject).await
     }
 }
 

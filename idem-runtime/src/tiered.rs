@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::error::StoreError;
 use crate::record::{Record, Status};
+use crate::retention::{AfterExpiry, Retention};
 use crate::store::IdempotencyStore;
 
 /// Answers duplicates of succeeded calls from `front` (a Redis store, typically), and
@@ -57,17 +58,24 @@ impl<F: IdempotencyStore, B: IdempotencyStore> TieredStore<F, B> {
         }
     }
 
-    /// Copy a finished `record` to `front`, expiring when it does; best effort.
+    /// Copy a finished `record` to `front`, expiring when its replay ends (a tombstone
+    /// after it is `back`'s to answer), with its subject so that an erasure finds the
+    /// copy too; best effort.
     async fn mirror(&self, claim: &Claim<'_>, record: &Record) {
-        let Ok(left) = record.expires_at.duration_since(claim.now) else {
+        let replay_until = record.replay_until.unwrap_or(record.expires_at);
+        let Ok(left) = replay_until.duration_since(claim.now) else {
             return;
         };
         let left = left.max(Duration::from_millis(1));
         let copy = Claim::new(claim.biz, claim.key, claim.now, Duration::from_secs(1), left)
             .with_fingerprint(record.fingerprint.as_deref());
+        let retention = Retention::new(record.subject.clone(), AfterExpiry::NewRequest);
         let written = match self.front.claim(&copy).await {
             Ok(ClaimOutcome::Acquired(lease)) => match (&record.status, &record.response_body) {
-                (Status::Succeeded, Some(response)) => self.front.complete(&lease, response, claim.now, left).await,
+                (Status::Succeeded, Some(response)) => {
+                    let lease = lease.with_retention(retention);
+                    self.front.complete(&lease, response, claim.now, left).await
+                }
                 _ => self.front.release(&lease).await,
             },
             Ok(ClaimOutcome::Existing(_)) => return,
@@ -136,5 +144,13 @@ impl<F: IdempotencyStore, B: IdempotencyStore> IdempotencyStore for TieredStore<
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         self.back.purge_expired(now, limit).await
+    }
+
+    /// Erases in `back`, then the copies in `front` (they carry the subject's hash);
+    /// counts `back`'s records. A failure of either is the erasure's: run it again.
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        let erased = self.back.erase_subject(subject).await?;
+        self.front.erase_subject(subject).await?;
+        Ok(erased)
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{Record, Status, StoreError};
+use idem_runtime::{Record, Status, StoreError, Tombstone};
 
 /// Microseconds since the epoch, as the scripts keep instants.
 pub(crate) fn micros(at: SystemTime) -> u64 {
@@ -56,5 +56,11 @@ pub(crate) fn decode(biz: &str, key: &str, pairs: &[Vec<u8>]) -> Result<Record, 
         completed_at: number("completed_at")?.map(instant),
         expires_at: instant(required("expires_at")?),
         steps: fields.get("steps").cloned(),
+        subject: fields.get("subject").cloned(),
+        replay_until: number("replay_until")?.map(instant),
+        tombstone: fields
+            .get("tombstone")
+            .map(|text| text.parse::<Tombstone>().map_err(|e| bad("tombstone", e.to_string())))
+            .transpose()?,
     })
 }

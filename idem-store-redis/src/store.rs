@@ -35,6 +35,8 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim
 static WRITE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/write.lua")));
 /// The deletion of one expired record.
 static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/purge.lua")));
+/// The erasure of one record of a data subject.
+static ERASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/erase.lua")));
 
 /// Idempotency records in Redis: one hash per record, every change one Lua script.
 ///
@@ -282,9 +284,11 @@ impl RedisStore {
 
     /// The holder-write script: `ARGV` what (`complete`, `fail`, `renew`, `release`,
     /// `steps`), fence, `created_at`, the value (a renewal's lease length in µs), the
-    /// record's length from now (µs, `complete` and `fail`), keep (µs), and an id of
+    /// record's length from now (µs, `complete` and `fail`), keep (µs), an id of
     /// the write call (a resend with the same id is answered as applied; another
-    /// writer's `complete` of the same lease is not).
+    /// writer's `complete` of the same lease is not), then optionally the caller's now
+    /// (`""`: the server's clock), the replay's length when the record keeps a
+    /// tombstone after it (µs, `""` for none) and the subject's keyed hash (`""`).
     pub fn write_script() -> &'static Script {
         &WRITE
     }
@@ -317,12 +321,19 @@ impl RedisStore {
 
     async fn write(&self, lease: &Lease, write: Write<'_>, now: SystemTime) -> Result<FenceCheck, StoreError> {
         let length = |length: Duration| u64::try_from(length.as_micros()).unwrap_or(u64::MAX);
-        let (what, value, ttl) = match write {
-            Write::Renew(lease) => ("renew", length(lease).to_string(), 0),
-            Write::Complete(response, ttl) => ("complete", response.to_owned(), length(ttl)),
-            Write::Fail(message, ttl) => ("fail", message.to_owned(), length(ttl)),
-            Write::Release => ("release", String::new(), 0),
-            Write::Steps(steps) => ("steps", steps.to_owned(), 0),
+        let retention = &lease.retention;
+        // A finished record's length in the store, and the length of its replay when it
+        // keeps a tombstone after it.
+        let finished = |ttl: Duration| {
+            let replay = retention.replay_until(now, ttl).map(|_| length(ttl).to_string());
+            (length(retention.record_length(ttl)), replay.unwrap_or_default())
+        };
+        let (what, value, (ttl, replay)) = match write {
+            Write::Renew(lease) => ("renew", length(lease).to_string(), (0, String::new())),
+            Write::Complete(response, ttl) => ("complete", response.to_owned(), finished(ttl)),
+            Write::Fail(message, ttl) => ("fail", message.to_owned(), finished(ttl)),
+            Write::Release => ("release", String::new(), (0, String::new())),
+            Write::Steps(steps) => ("steps", steps.to_owned(), (0, String::new())),
         };
         let mut invocation = WRITE.prepare_invoke();
         invocation
@@ -334,7 +345,9 @@ impl RedisStore {
             .arg(ttl.to_string())
             .arg(self.keep_us().to_string())
             .arg(call_id())
-            .arg(self.caller_now(now));
+            .arg(self.caller_now(now))
+            .arg(replay)
+            .arg(retention.subject.as_deref().unwrap_or(""));
         let applied: i64 = self.run(what, (&lease.biz, &lease.key), &invocation).await?;
         Ok(if applied == 1 {
             FenceCheck::Held
@@ -366,12 +379,12 @@ impl IdempotencyStore for RedisStore {
                         .and_then(|text| text.parse().ok())
                         .ok_or_else(|| StoreError::new("the claim script answered a fence that is not a number"))
                 };
-                Ok(ClaimOutcome::Acquired(Lease {
-                    biz: claim.biz.to_owned(),
-                    key: claim.key.to_owned(),
-                    fence: number(&rest[0])?,
-                    created_at: SystemTime::UNIX_EPOCH + Duration::from_micros(number(&rest[1])?),
-                }))
+                Ok(ClaimOutcome::Acquired(Lease::new(
+                    claim.biz,
+                    claim.key,
+                    number(&rest[0])?,
+                    SystemTime::UNIX_EPOCH + Duration::from_micros(number(&rest[1])?),
+                )))
             }
             Some((tag, rest)) if tag.as_slice() == b"EXISTING" => {
                 Ok(ClaimOutcome::Existing(decode(claim.biz, claim.key, rest)?))
@@ -431,17 +444,39 @@ impl IdempotencyStore for RedisStore {
     /// that expired, a script per key. Redis also deletes each record by itself
     /// [`keep_expired`](RedisStore::keep_expired) after it expires.
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
-        let mut purged = 0;
-        for primary in self.conn.primaries().await.map_err(|e| failed("purge (scan)", e))? {
+        self.on_every_record("purge", &PURGE, &self.caller_now(now), limit)
+            .await
+    }
+
+    /// Walks the records with `SCAN` (every primary of a cluster), a script per key.
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        self.on_every_record("erase_subject", &ERASE, subject, u64::MAX).await
+    }
+}
+
+impl RedisStore {
+    /// Run `script` (named `operation`) with `arg` on every record, walked with `SCAN`
+    /// on every primary of a cluster; the sum of its answers, stopping once it reaches
+    /// `limit`.
+    async fn on_every_record(
+        &self,
+        operation: &'static str,
+        script: &Script,
+        arg: &str,
+        limit: u64,
+    ) -> Result<u64, StoreError> {
+        let scan = format!("{operation} (scan)");
+        let mut total = 0;
+        for primary in self.conn.primaries().await.map_err(|e| failed(&scan, e))? {
             let mut cursor = 0u64;
             loop {
-                let (next, keys) = self.scan(&primary, cursor, "purge (scan)").await?;
+                let (next, keys) = self.scan(&primary, cursor, &scan).await?;
                 for key in keys {
-                    let mut invocation = PURGE.prepare_invoke();
-                    invocation.key(&key).arg(self.caller_now(now));
-                    purged += self.run::<u64>("purge", ("", &key), &invocation).await?;
-                    if purged >= limit {
-                        return Ok(purged);
+                    let mut invocation = script.prepare_invoke();
+                    invocation.key(&key).arg(arg);
+                    total += self.run::<u64>(operation, ("", &key), &invocation).await?;
+                    if total >= limit {
+                        return Ok(total);
                     }
                 }
                 if next == 0 {
@@ -450,7 +485,7 @@ impl IdempotencyStore for RedisStore {
                 cursor = next;
             }
         }
-        Ok(purged)
+        Ok(total)
     }
 }
 

@@ -12,7 +12,11 @@ CREATE TABLE IF NOT EXISTS `idempotent_record` (
   completed_at DATETIME(6) NULL,
   expires_at DATETIME(6) NOT NULL,
   steps LONGTEXT NULL,
+  subject VARCHAR(64) NULL,
+  replay_until DATETIME(6) NULL,
+  tombstone VARCHAR(16) NULL,
   PRIMARY KEY (biz_type, idempotent_key),
   KEY `idempotent_record_expires_at` (expires_at),
+  KEY `idempotent_record_subject` (subject),
   CONSTRAINT `idempotent_record_status` CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;

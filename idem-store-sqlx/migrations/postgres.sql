@@ -12,6 +12,10 @@ CREATE TABLE IF NOT EXISTS "idempotent_record" (
   completed_at TIMESTAMPTZ,
   expires_at TIMESTAMPTZ NOT NULL,
   steps TEXT,
+  subject VARCHAR(64),
+  replay_until TIMESTAMPTZ,
+  tombstone VARCHAR(16),
   PRIMARY KEY (biz_type, idempotent_key)
 );
 CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);
+CREATE INDEX IF NOT EXISTS "idempotent_record_subject" ON "idempotent_record" (subject);

@@ -12,6 +12,10 @@ CREATE TABLE IF NOT EXISTS "idempotent_record" (
   completed_at TEXT,
   expires_at TEXT NOT NULL,
   steps TEXT,
+  subject TEXT,
+  replay_until TEXT,
+  tombstone TEXT,
   PRIMARY KEY (biz_type, idempotent_key)
 );
 CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);
+CREATE INDEX IF NOT EXISTS "idempotent_record_subject" ON "idempotent_record" (subject);

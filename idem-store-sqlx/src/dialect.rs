@@ -28,6 +28,9 @@ pub(crate) struct Parts<DB: Database> {
     pub insert_sql: Option<Arc<str>>,
     /// The dialect's bounded purge.
     pub purge_sql: Arc<str>,
+    /// The dialect's bounded strip of records past their replay to tombstones, run
+    /// with the purge (and bound as it is).
+    pub strip_sql: Arc<str>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
     pub table_checked: Arc<OnceCell<()>>,
     /// The statement `get` runs, when the server needs another than `sql.get` (a causal
@@ -43,6 +46,7 @@ impl<DB: Database> Clone for Parts<DB> {
             upsert_sql: self.upsert_sql.clone(),
             insert_sql: self.insert_sql.clone(),
             purge_sql: self.purge_sql.clone(),
+            strip_sql: self.strip_sql.clone(),
             table_checked: self.table_checked.clone(),
             learned_get: self.learned_get.clone(),
         }
@@ -111,8 +115,16 @@ pub(crate) trait Dialect: Stored {
     /// store's clock is asked for; `None` where the caller's instants are always bound
     /// (SQLite lives on its host's clock).
     const SERVER_CLOCK: Option<ServerClock>;
-    /// The type `migrate` gives the `steps` column of a table made before steps.
-    const STEPS_TYPE: &'static str;
+    /// The columns added since the first version of the table, each with the type
+    /// `migrate` gives it when a table made before it lacks it.
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)];
+
+    /// The statement that adds `column` of type `ty` to the table `name` (written
+    /// `quoted`), with the index it needs where the dialect makes it there.
+    fn add_column_sql(name: &str, quoted: &str, column: &str, ty: &str) -> String {
+        let _ = name;
+        format!("ALTER TABLE {quoted} ADD COLUMN {column} {ty}")
+    }
     /// What the statements need of each column.
     const NEEDS: &'static [Need];
 
@@ -146,6 +158,11 @@ pub(crate) trait Dialect: Stored {
     /// The bounded purge of the table written `table`, judged by `clock`. Binds: now (none
     /// on the server's clock; twice where the dialect repeats it), limit.
     fn purge_statement(table: &str, clock: StatementClock) -> String;
+
+    /// The bounded strip of the finished records past their replay to expired
+    /// tombstones ([`strippable`](crate::statements::strippable)), bound exactly as
+    /// [`purge_statement`](Self::purge_statement) is.
+    fn strip_statement(table: &str, clock: StatementClock) -> String;
 
     /// The purge binds the caller's `now` twice (MySQL's `?` cannot be used again).
     const PURGE_REPEATS_NOW: bool = false;
@@ -185,7 +202,9 @@ pub(crate) trait Dialect: Stored {
     fn read_shape(&self) -> impl Future<Output = Result<(Vec<Column>, Vec<UniqueKey>), StoreError>> + Send;
 
     /// Delete up to `limit` records that expired by `now` — by the server's clock where
-    /// the dialect has one — never a live claim; run again while the server rolls it back.
+    /// the dialect has one — never a live claim, then strip up to `limit` records past
+    /// their replay to tombstones; each run again while the server rolls it back.
+    /// Returns how many were deleted.
     fn purge(&self, now: SystemTime, limit: u64) -> impl Future<Output = Result<u64, StoreError>> + Send
     where
         for<'c> &'c Pool<Self::Db>: Executor<'c, Database = Self::Db>,
@@ -194,28 +213,39 @@ pub(crate) trait Dialect: Stored {
         for<'q> i64: Encode<'q, Self::Db> + Type<Self::Db>,
     {
         let now = Self::Stamp::of(now);
-        let purge = move || {
+        let run = move |sql: &'static str, statement: Arc<str>| {
             let now = now.clone();
-            async move {
-                let mut purge = sqlx::query(&self.parts().purge_sql);
-                if !self.parts().sql.server_clock {
-                    purge = purge.bind(now.clone());
-                    if Self::PURGE_REPEATS_NOW {
-                        purge = purge.bind(now);
+            move || {
+                let (now, statement) = (now.clone(), statement.clone());
+                async move {
+                    let mut query = sqlx::query(&statement);
+                    if !self.parts().sql.server_clock {
+                        query = query.bind(now.clone());
+                        if Self::PURGE_REPEATS_NOW {
+                            query = query.bind(now);
+                        }
                     }
+                    let done = query
+                        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                        .execute(&self.parts().pool)
+                        .await
+                        .map_err(|e| driver_error(sql, e))?;
+                    Ok(Self::rows_changed(&done))
                 }
-                let done = purge
-                    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                    .execute(&self.parts().pool)
-                    .await
-                    .map_err(|e| driver_error("purge", e))?;
-                Ok(Self::rows_changed(&done))
             }
         };
+        let (purge, strip) = (
+            run("purge", self.parts().purge_sql.clone()),
+            run("purge (tombstones)", self.parts().strip_sql.clone()),
+        );
         // A purge the server rolled back (a deadlock, a Galera certification conflict
         // with another node's write) deleted nothing: it is run again, as a holder
-        // write is.
-        crate::rollback::retrying(purge)
+        // write is. So is the strip.
+        async move {
+            let purged = crate::rollback::retrying(purge).await?;
+            crate::rollback::retrying(strip).await?;
+            Ok(purged)
+        }
     }
 
     /// Learn what the statements depend on of the server (once, with the table's
@@ -254,6 +284,7 @@ pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, cl
         upsert_sql: D::claim_statement(&table, clock).into(),
         insert_sql: D::insert_statement(&table, clock).map(Into::into),
         purge_sql: D::purge_statement(&table, clock).into(),
+        strip_sql: D::strip_statement(&table, clock).into(),
         table_checked: Arc::default(),
         learned_get: Arc::default(),
     })

@@ -91,6 +91,9 @@ pub struct BizStatus {
     pub records: u64,
     /// Of those, the ones whose `expires_at` has passed.
     pub expired: u64,
+    /// Of those, the tombstones: records kept without their values, past their
+    /// replay (stripped by the purge) or erased, until they expire.
+    pub tombstones: u64,
 }
 cfg_driver! {
     pub use connection::ACQUIRE_TIMEOUT;

@@ -62,6 +62,9 @@ pub(crate) fn create_table(
          \x20 completed_at {instant}{null},\n\
          \x20 expires_at {instant} NOT NULL,\n\
          \x20 steps {long_text}{null},\n\
+         \x20 subject {fingerprint}{null},\n\
+         \x20 replay_until {instant}{null},\n\
+         \x20 tombstone {status}{null},\n\
          \x20 PRIMARY KEY (biz_type, idempotent_key){extra}\n\
          ){options};\n"
     )

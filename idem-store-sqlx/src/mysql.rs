@@ -29,7 +29,7 @@ use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, 
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
-use crate::statements::{ServerClock, StatementClock};
+use crate::statements::{strippable, ServerClock, StatementClock, STRIPPED};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
@@ -52,7 +52,8 @@ pub struct MySqlStore {
 /// [`COLUMNS`] with the key columns converted to the connection's character set:
 /// their binary collation makes sqlx see bytes, not text.
 const SELECT_COLUMNS: &str = "CONVERT(biz_type USING utf8mb4), CONVERT(idempotent_key USING utf8mb4), status, fence, \
-     fingerprint, request_body, response_body, error_message, lease_until, created_at, completed_at, expires_at, steps";
+     fingerprint, request_body, response_body, error_message, lease_until, created_at, completed_at, expires_at, steps, \
+     subject, replay_until, tombstone";
 
 /// The claim rule over the row's current values; `VALUES(created_at)`
 /// is the claim's `now`.
@@ -131,6 +132,7 @@ impl MySqlStore {
         let name = &self.parts.sql.table;
         let extra = [
             format!("KEY {} (expires_at)", derived_identifier::<Self>(name, "expires_at")),
+            format!("KEY {} (subject)", derived_identifier::<Self>(name, "subject")),
             format!(
                 "CONSTRAINT {} {STATUS_CHECK}",
                 derived_identifier::<Self>(name, "status")
@@ -159,7 +161,7 @@ impl MySqlStore {
             }
             Ok(())
         };
-        self.verify_migration(created.await).await
+        self.migrate_table(created).await
     }
     /// What the claim statement's counts say; a takeover is confirmed by `read`ing the
     /// record (its life's `created_at`).
@@ -173,12 +175,12 @@ impl MySqlStore {
             (2, fence) => {
                 // Granted on an existing row; a takeover kept the row's `created_at`.
                 match read().await? {
-                    Some(record) if record.fence == fence => Ok(Upserted::Granted(Lease {
-                        biz: claim.biz.to_owned(),
-                        key: claim.key.to_owned(),
+                    Some(record) if record.fence == fence => Ok(Upserted::Granted(Lease::new(
+                        claim.biz,
+                        claim.key,
                         fence,
-                        created_at: record.created_at,
-                    })),
+                        record.created_at,
+                    ))),
                     other => Err(StoreError::new(format!(
                         "claim of biz `{}` key `{}` was granted fence {fence} but the record reads {:?}",
                         claim.biz,
@@ -195,12 +197,12 @@ impl MySqlStore {
 /// The lease of a record the claim inserted: its fence is its `created_at` (the
 /// server's instant) in microseconds since the epoch.
 fn first_life(claim: &Claim<'_>, fence: u64) -> Lease {
-    Lease {
-        biz: claim.biz.to_owned(),
-        key: claim.key.to_owned(),
+    Lease::new(
+        claim.biz,
+        claim.key,
         fence,
-        created_at: std::time::UNIX_EPOCH + Duration::from_micros(fence),
-    }
+        std::time::UNIX_EPOCH + Duration::from_micros(fence),
+    )
 }
 
 impl Dialect for MySqlStore {
@@ -295,10 +297,30 @@ impl Dialect for MySqlStore {
         )
     }
 
+    fn strip_statement(table: &str, clock: StatementClock) -> String {
+        format!(
+            "UPDATE {table} SET {STRIPPED}, tombstone = 'EXPIRED' WHERE {} ORDER BY replay_until LIMIT ?",
+            strippable(clock.now())
+        )
+    }
+
     const PURGE_REPEATS_NOW: bool = true;
 
-    /// The type `migrate` gives the `steps` column.
-    const STEPS_TYPE: &'static str = "LONGTEXT NULL";
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("steps", "LONGTEXT NULL"),
+        ("subject", "VARCHAR(64) NULL"),
+        ("replay_until", "DATETIME(6) NULL"),
+        ("tombstone", "VARCHAR(16) NULL"),
+    ];
+
+    /// The subject's index comes with its column, in the same statement.
+    fn add_column_sql(name: &str, quoted: &str, column: &str, ty: &str) -> String {
+        let index = match column {
+            "subject" => format!(", ADD KEY {} (subject)", derived_identifier::<Self>(name, "subject")),
+            _ => String::new(),
+        };
+        format!("ALTER TABLE {quoted} ADD COLUMN {column} {ty}{index}")
+    }
 
     /// What the statements need of each column on MySQL and MariaDB.
     const NEEDS: &'static [Need] = &[
@@ -321,6 +343,9 @@ impl Dialect for MySqlStore {
         Need::new("steps", "MEDIUMTEXT or LONGTEXT", |c| {
             matches!(c.declared.as_str(), "mediumtext" | "longtext")
         }),
+        Need::new("subject", "VARCHAR(64) or longer", |c| text_of_at_least(c, 64)),
+        Need::new("replay_until", DATETIME6, datetime6),
+        Need::new("tombstone", "VARCHAR(8) or longer", |c| text_of_at_least(c, 8)),
     ];
 
     /// The table's columns and unique keys, from `information_schema`.

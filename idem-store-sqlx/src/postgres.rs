@@ -13,7 +13,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
-use crate::statements::{insert_if_absent, upsert_on_conflict, ServerClock, StatementClock};
+use crate::statements::{insert_if_absent, strippable, upsert_on_conflict, ServerClock, StatementClock, STRIPPED};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -21,7 +21,7 @@ use crate::transaction::impl_transaction_database;
 
 /// Where the claim statement's result row holds the granted fence and `created_at`,
 /// after the columns of the record that stood in the way.
-const GRANTED_AT: usize = 13;
+const GRANTED_AT: usize = crate::shape::WRITTEN.len();
 
 /// Idempotency records in PostgreSQL, instants as `TIMESTAMPTZ`.
 #[derive(Debug, Clone)]
@@ -59,8 +59,7 @@ impl PostgresStore {
     /// advisory lock, so concurrent start-ups do not race), then check its columns.
     /// Writes nothing to the application's `_sqlx_migrations`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let created = self.create_table().await;
-        self.verify_migration(created).await
+        self.migrate_table(self.create_table()).await
     }
 
     /// The DDL `migrate` runs, for this store's table: the table, then its `expires_at`
@@ -81,8 +80,10 @@ impl PostgresStore {
             nullable: "",
         };
         let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
+        let subject = derived_identifier::<Self>(&self.parts.sql.table, "subject");
         create_table(table, &types, true, &[], "")
             + &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);\n")
+            + &format!("CREATE INDEX IF NOT EXISTS {subject} ON {table} (subject);\n")
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
@@ -161,8 +162,25 @@ impl Dialect for PostgresStore {
         )
     }
 
-    /// The type `migrate` gives the `steps` column.
-    const STEPS_TYPE: &'static str = "TEXT";
+    /// SKIP LOCKED, as the purge.
+    fn strip_statement(table: &str, clock: StatementClock) -> String {
+        let (now, limit) = match &clock.0 {
+            Some(clock) => (clock.now, "$1"),
+            None => ("$1", "$2"),
+        };
+        format!(
+            "UPDATE {table} SET {STRIPPED}, tombstone = 'EXPIRED' WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+             WHERE {} LIMIT {limit} FOR UPDATE SKIP LOCKED))",
+            strippable(now)
+        )
+    }
+
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("steps", "TEXT"),
+        ("subject", "VARCHAR(64)"),
+        ("replay_until", "TIMESTAMPTZ"),
+        ("tombstone", "VARCHAR(16)"),
+    ];
 
     /// What the statements need of each column on PostgreSQL.
     const NEEDS: &'static [Need] = &[
@@ -181,6 +199,9 @@ impl Dialect for PostgresStore {
         Need::new("completed_at", TIMESTAMPTZ6, timestamptz6),
         Need::new("expires_at", TIMESTAMPTZ6, timestamptz6),
         Need::new("steps", UNBOUNDED_TEXT, unbounded_text),
+        Need::new("subject", "VARCHAR(64) or longer, or TEXT", |c| text_of_at_least(c, 64)),
+        Need::new("replay_until", TIMESTAMPTZ6, timestamptz6),
+        Need::new("tombstone", "VARCHAR(8) or longer, or TEXT", |c| text_of_at_least(c, 8)),
     ];
 
     /// The table's columns and unique keys, from `pg_catalog`.

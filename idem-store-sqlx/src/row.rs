@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, NaiveDateTime, Utc};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use idem_runtime::{Claim, Lease};
-use idem_runtime::{Record, Status, StoreError};
+use idem_runtime::{Record, Status, StoreError, Tombstone};
 use sqlx::{ColumnIndex, Decode, Row, Type};
 
 use crate::error::driver_error;
@@ -109,7 +109,7 @@ where
     Ts: Stamp + Decode<'r, R::Database> + Type<R::Database>,
 {
     let at: Ts = row
-        .try_get(13)
+        .try_get(crate::shape::WRITTEN.len())
         .map_err(|e| driver_error("get (the server's instant)", e))?;
     at.into_system_time().map_err(StoreError::new)
 }
@@ -149,6 +149,13 @@ where
         completed_at: optional_stamp(row.try_get(10).map_err(column)?)?,
         expires_at: stamp(row.try_get(11).map_err(column)?)?,
         steps: row.try_get(12).map_err(column)?,
+        subject: row.try_get(13).map_err(column)?,
+        replay_until: optional_stamp(row.try_get(14).map_err(column)?)?,
+        tombstone: row
+            .try_get::<Option<String>, _>(15)
+            .map_err(column)?
+            .map(|text| text.parse::<Tombstone>().map_err(|e| unreadable(e.to_string())))
+            .transpose()?,
         biz: biz.clone(),
         key: key.clone(),
     })
@@ -168,13 +175,12 @@ where
     let fence: Option<i64> = row.try_get(at).map_err(|e| driver_error("claim", e))?;
     let created_at: Option<Ts> = row.try_get(at + 1).map_err(|e| driver_error("claim", e))?;
     match (fence, created_at) {
-        (Some(fence), Some(created_at)) => Ok(Some(Lease {
-            biz: claim.biz.to_owned(),
-            key: claim.key.to_owned(),
-            fence: u64::try_from(fence)
-                .map_err(|_| StoreError::new(format!("claim granted a negative fence {fence}")))?,
-            created_at: created_at.into_system_time().map_err(StoreError::new)?,
-        })),
+        (Some(fence), Some(created_at)) => Ok(Some(Lease::new(
+            claim.biz,
+            claim.key,
+            u64::try_from(fence).map_err(|_| StoreError::new(format!("claim granted a negative fence {fence}")))?,
+            created_at.into_system_time().map_err(StoreError::new)?,
+        ))),
         _ => Ok(None),
     }
 }

@@ -47,8 +47,8 @@ impl Need {
     }
 }
 
-/// The columns every dialect writes.
-const WRITTEN: [&str; 13] = [
+/// The columns every dialect writes, in the order `SELECT` lists them.
+pub(crate) const WRITTEN: [&str; 16] = [
     "biz_type",
     "idempotent_key",
     "status",
@@ -62,6 +62,9 @@ const WRITTEN: [&str; 13] = [
     "completed_at",
     "expires_at",
     "steps",
+    "subject",
+    "replay_until",
+    "tombstone",
 ];
 
 /// Check a table against the needs of its dialect; every problem is named in one error.

@@ -11,7 +11,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::granted_lease;
 use crate::shape::{Column, Need, UniqueKey};
-use crate::statements::{upsert_on_conflict, ServerClock, StatementClock};
+use crate::statements::{strippable, upsert_on_conflict, ServerClock, StatementClock, STRIPPED};
 use crate::store_api::impl_store_api;
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -83,8 +83,7 @@ impl SqliteStore {
             .map_err(|e| driver_error("reading the SQLite version", e))?;
         require_returning(&version)?;
         self.use_wal().await?;
-        let created = self.create_table().await;
-        self.verify_migration(created).await
+        self.migrate_table(self.create_table()).await
     }
 
     /// The DDL `migrate` runs, for this store's table: the table, then its `expires_at`
@@ -105,8 +104,10 @@ impl SqliteStore {
             nullable: "",
         };
         let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
+        let subject = derived_identifier::<Self>(&self.parts.sql.table, "subject");
         create_table(table, &types, true, &[], "")
             + &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);\n")
+            + &format!("CREATE INDEX IF NOT EXISTS {subject} ON {table} (subject);\n")
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
@@ -158,8 +159,20 @@ impl Dialect for SqliteStore {
         )
     }
 
-    /// The type `migrate` gives the `steps` column.
-    const STEPS_TYPE: &'static str = "TEXT";
+    fn strip_statement(table: &str, _clock: StatementClock) -> String {
+        format!(
+            "UPDATE {table} SET {STRIPPED}, tombstone = 'EXPIRED' WHERE rowid IN (SELECT rowid FROM {table} \
+             WHERE {} LIMIT ?2)",
+            strippable("?1")
+        )
+    }
+
+    const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
+        ("steps", "TEXT"),
+        ("subject", "TEXT"),
+        ("replay_until", "TEXT"),
+        ("tombstone", "TEXT"),
+    ];
 
     /// What the statements need of each column on SQLite.
     const NEEDS: &'static [Need] = &[
@@ -176,6 +189,9 @@ impl Dialect for SqliteStore {
         Need::new("completed_at", INSTANT, instant),
         Need::new("expires_at", INSTANT, instant),
         Need::new("steps", TEXT, text_affinity),
+        Need::new("subject", TEXT, text_affinity),
+        Need::new("replay_until", INSTANT, instant),
+        Need::new("tombstone", TEXT, text_affinity),
     ];
 
     /// The table's columns and unique keys (with the collation each key column is

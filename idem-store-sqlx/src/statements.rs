@@ -87,17 +87,30 @@ pub(crate) struct Statements {
     pub oldest_processing: String,
     /// Live `FAIL` records. Binds: now (none on a server's clock), biz, biz, limit.
     pub failed: String,
-    /// Records by biz and status, and how many of them expired. Binds: now (none on a
-    /// server's clock), biz, biz.
+    /// Records by biz and status, how many of them expired, and how many are
+    /// tombstones. Binds: now (none on a server's clock), biz, biz.
     pub stats: String,
     /// Deletes a `FAIL` record, so the next call runs.
     pub forget_failed: String,
+    /// Strips the finished records of a subject to erased tombstones. Binds: subject.
+    pub erase_subject: String,
 }
 
 const HELD: &str = "biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = 'PROCESSING'";
 
 /// One biz, or every biz when the bound text is empty. Binds: biz, biz.
 const OF_BIZ: &str = "(biz_type = ? OR ? = '')";
+
+/// What a tombstone no longer holds: every value stored about the call.
+pub(crate) const STRIPPED: &str = "request_body = NULL, response_body = NULL, error_message = NULL, steps = NULL";
+
+/// A finished record past its replay and not stripped yet, nor expired, by `now`
+/// (written twice).
+pub(crate) fn strippable(now: &str) -> String {
+    format!(
+        "status <> 'PROCESSING' AND tombstone IS NULL AND replay_until <= {now} AND expires_at > {now}"
+    )
+}
 
 /// Not a form token's record (`idem::token` keeps them under `token.<biz>`).
 const NOT_A_TOKEN: &str = "biz_type NOT LIKE 'token.%'";
@@ -119,10 +132,13 @@ impl Statements {
         // On a server's clock a read also says when it read, by that clock: a claim
         // judges what it read by that instant.
         let read_at = clock.0.map_or(String::new(), |clock| format!(", {}", clock.now));
+        // The outcome, and what it keeps beyond its answer: the end of its replay (NULL
+        // where it replays until it expires; a NULL length makes a NULL instant) and
+        // its subject's hash. What an earlier life left (a tombstone) is cleared.
         let finish = |status: &str, column: &str| {
             sql(format!(
                 "UPDATE {table} SET status = '{status}', {column} = ?, lease_until = {now}, completed_at = {now}, \
-                 expires_at = {after} WHERE {HELD}"
+                 expires_at = {after}, replay_until = {after}, subject = ?, tombstone = NULL WHERE {HELD}"
             ))
         };
         Self {
@@ -165,12 +181,17 @@ impl Statements {
                  ORDER BY completed_at LIMIT ?"
             )),
             stats: sql(format!(
-                "SELECT {biz_text}, status, COUNT(*), COUNT(CASE WHEN expires_at <= {now} THEN 1 END) FROM {table} \
+                "SELECT {biz_text}, status, COUNT(*), COUNT(CASE WHEN expires_at <= {now} THEN 1 END), \
+                 COUNT(CASE WHEN tombstone IS NOT NULL THEN 1 END) FROM {table} \
                  WHERE {OF_BIZ} GROUP BY biz_type, status ORDER BY biz_type, status",
                 biz_text = D::BIZ_TEXT
             )),
             forget_failed: sql(format!(
                 "DELETE FROM {table} WHERE biz_type = ? AND idempotent_key = ? AND status = 'FAIL'"
+            )),
+            erase_subject: sql(format!(
+                "UPDATE {table} SET {STRIPPED}, tombstone = 'ERASED' WHERE subject = ? AND status <> 'PROCESSING' \
+                 AND (tombstone IS NULL OR tombstone <> 'ERASED')"
             )),
         }
     }
@@ -206,7 +227,8 @@ pub(crate) fn upsert_on_conflict<D: Dialect>(table: &str, clock: StatementClock)
     let greatest = D::GREATEST;
     let text = format!(
         "INSERT INTO {table} AS cur ({COLUMNS}) \
-         VALUES (?1, ?2, 'PROCESSING', {first_fence}, ?3, ?4, NULL, NULL, {lease_until}, {now}, NULL, {expires_at}, NULL) \
+         VALUES (?1, ?2, 'PROCESSING', {first_fence}, ?3, ?4, NULL, NULL, {lease_until}, {now}, NULL, {expires_at}, NULL, \
+                 NULL, NULL, NULL) \
          ON CONFLICT (biz_type, idempotent_key) DO UPDATE SET \
            status = 'PROCESSING', \
            fence = CASE WHEN cur.expires_at <= excluded.created_at THEN {greatest}(cur.fence + 1, excluded.fence) \

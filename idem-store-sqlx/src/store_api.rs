@@ -112,14 +112,14 @@ macro_rules! impl_store_api {
                 } else {
                     stats.bind(Self::stamp(idem_runtime::now()))
                 };
-                let rows: Vec<(String, String, i64, i64)> = stats
+                let rows: Vec<(String, String, i64, i64, i64)> = stats
                     .bind(biz)
                     .bind(biz)
                     .fetch_all(&self.parts.pool)
                     .await
                     .map_err(|e| crate::error::driver_error("stats", e))?;
                 rows.into_iter()
-                    .map(|(biz, status, records, expired)| {
+                    .map(|(biz, status, records, expired, tombstones)| {
                         Ok(crate::BizStatus {
                             biz,
                             status: status
@@ -127,9 +127,26 @@ macro_rules! impl_store_api {
                                 .map_err(|e| idem_runtime::StoreError::with_source("stats", e))?,
                             records: u64::try_from(records).unwrap_or(0),
                             expired: u64::try_from(expired).unwrap_or(0),
+                            tombstones: u64::try_from(tombstones).unwrap_or(0),
                         })
                     })
                     .collect()
+            }
+
+            /// Strip every finished record of the data subject whose keyed hash is
+            /// `subject` to an erased tombstone, as
+            /// [`IdempotencyStore::erase_subject`](idem_runtime::IdempotencyStore::erase_subject).
+            async fn erase_records_of(&self, subject: &str) -> Result<u64, idem_runtime::StoreError> {
+                use crate::dialect::Dialect;
+                let erase = || async {
+                    let done = sqlx::query(&self.parts.sql.erase_subject)
+                        .bind(subject)
+                        .execute(&self.parts.pool)
+                        .await
+                        .map_err(|e| crate::error::driver_error("erase_subject", e))?;
+                    Ok(Self::rows_changed(&done))
+                };
+                crate::rollback::retrying(erase).await
             }
 
             /// Delete the `FAIL` record of `(biz, key)` so that the next call runs the
@@ -173,14 +190,17 @@ macro_rules! impl_store_api {
                     .map(drop)
             }
 
-            /// Finish `migrate`: check the table, and when creating failed because a
-            /// table of another shape was already there, say what is wrong with it.
-            async fn verify_migration(
+            /// `migrate`: bring a table made by an earlier version up to date (the
+            /// columns added since), run `create` (the DDL, which makes a table that is
+            /// not there and its indexes), then check the table; when creating failed
+            /// because a table of another shape was already there, say what is wrong
+            /// with it.
+            async fn migrate_table(
                 &self,
-                created: Result<(), idem_runtime::StoreError>,
+                create: impl std::future::Future<Output = Result<(), idem_runtime::StoreError>>,
             ) -> Result<(), idem_runtime::StoreError> {
-                let created = match created {
-                    Ok(()) => self.add_steps_column().await,
+                let created = match self.add_missing_columns().await {
+                    Ok(()) => create.await,
                     Err(error) => Err(error),
                 };
                 let checked = self.ensure_table().await;
@@ -190,26 +210,32 @@ macro_rules! impl_store_api {
                 }
             }
 
-            /// A table made before steps existed gets their column (`migrate` is how a
-            /// table is brought up to date). A concurrent start-up that added it first is
-            /// not an error.
-            async fn add_steps_column(&self) -> Result<(), idem_runtime::StoreError> {
-                let has_steps = |columns: &[crate::shape::Column]| {
-                    columns.is_empty() || columns.iter().any(|c| c.name.eq_ignore_ascii_case("steps"))
+            /// A table made before some columns existed (steps, a subject, a
+            /// tombstone) gets them (`migrate` is how a table is brought up to date);
+            /// no table yet, nothing to do. A concurrent start-up that added one first
+            /// is not an error.
+            async fn add_missing_columns(&self) -> Result<(), idem_runtime::StoreError> {
+                use crate::dialect::Dialect;
+                let has = |columns: &[crate::shape::Column], name: &str| {
+                    columns.is_empty() || columns.iter().any(|c| c.name.eq_ignore_ascii_case(name))
                 };
-                if has_steps(&<Self as crate::dialect::Dialect>::read_shape(self).await?.0) {
-                    return Ok(());
+                for (column, ty) in Self::ADDED_COLUMNS {
+                    if has(&self.read_shape().await?.0, column) {
+                        continue;
+                    }
+                    let alter = Self::add_column_sql(&self.parts.sql.table, &self.parts.sql.quoted, column, ty);
+                    match sqlx::query(&alter).execute(&self.parts.pool).await {
+                        Ok(_) => {}
+                        Err(_) if has(&self.read_shape().await?.0, column) => {}
+                        Err(e) => {
+                            return Err(crate::error::driver_error(
+                                if *column == "steps" { "adding the `steps` column" } else { "adding a column" },
+                                e,
+                            ))
+                        }
+                    }
                 }
-                let alter = format!(
-                    "ALTER TABLE {} ADD COLUMN steps {}",
-                    self.parts.sql.quoted,
-                    <Self as crate::dialect::Dialect>::STEPS_TYPE
-                );
-                match sqlx::query(&alter).execute(&self.parts.pool).await {
-                    Ok(_) => Ok(()),
-                    Err(_) if has_steps(&<Self as crate::dialect::Dialect>::read_shape(self).await?.0) => Ok(()),
-                    Err(e) => Err(crate::error::driver_error("adding the `steps` column", e)),
-                }
+                Ok(())
             }
 
             /// The exact SQL a first claim of a key runs, one statement. Binds, in

@@ -66,7 +66,7 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let complete = || Self::finish(&self.parts.sql, &self.parts.sql.complete, response, now, ttl);
+                let complete = || Self::finish(&self.parts.sql, &self.parts.sql.complete, response, now, ttl, lease);
                 self.write_held_on_pool("complete", complete, lease).await
             }
 
@@ -77,7 +77,7 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let fail = || Self::finish(&self.parts.sql, &self.parts.sql.fail, message, now, ttl);
+                let fail = || Self::finish(&self.parts.sql, &self.parts.sql.fail, message, now, ttl, lease);
                 self.write_held_on_pool("fail", fail, lease).await
             }
 
@@ -124,6 +124,10 @@ macro_rules! impl_idempotency_store {
                 limit: u64,
             ) -> Result<u64, idem_runtime::StoreError> {
                 <Self as crate::dialect::Dialect>::purge(self, now, limit).await
+            }
+
+            async fn erase_subject(&self, subject: &str) -> Result<u64, idem_runtime::StoreError> {
+                self.erase_records_of(subject).await
             }
         }
 
@@ -234,17 +238,28 @@ macro_rules! impl_idempotency_store {
                 })
             }
 
-            /// `complete` or `fail` (`sql`) with its text, before the lease's binds.
+            /// `complete` or `fail` (`sql`) with its text and what `lease` asks the
+            /// record to keep beyond it, before the lease's binds.
             fn finish<'q>(
                 statements: &crate::statements::Statements,
                 sql: &'q str,
                 text: &'q str,
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
+                lease: &'q idem_runtime::Lease,
             ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
+                let retention = &lease.retention;
                 let finish = sqlx::query(sql).bind(text);
                 let finish = Self::bind_now(statements, Self::bind_now(statements, finish, now), now);
-                Self::bind_after(statements, finish, now, ttl)
+                let finish = Self::bind_after(statements, finish, now, retention.record_length(ttl));
+                // The end of the replay, or NULL: a NULL length where the server adds it.
+                let replay = retention.replay_until(now, ttl).map(|_| ttl);
+                let finish = if statements.server_clock {
+                    finish.bind(replay.map(crate::row::micros))
+                } else {
+                    finish.bind(replay.map(|ttl| Self::stamp(now + ttl)))
+                };
+                finish.bind(retention.subject.as_deref())
             }
 
             /// Bind "now" where a statement has it: the caller's `now`, or nothing where

@@ -8,7 +8,7 @@ pub const DEFAULT_TABLE: &str = "idempotent_record";
 #[cfg(any(feature = "sqlite", feature = "postgres", test))]
 /// Every column, in the order `SELECT` lists them and rows are decoded.
 pub(crate) const COLUMNS: &str = "biz_type, idempotent_key, status, fence, fingerprint, request_body, \
-     response_body, error_message, lease_until, created_at, completed_at, expires_at, steps";
+     response_body, error_message, lease_until, created_at, completed_at, expires_at, steps, subject, replay_until, tombstone";
 
 /// Check `name` as an SQL identifier (optionally `schema.table`): it is spliced into
 /// statements, so only letters, digits and `_` are accepted, 63 bytes at most a part.
@@ -70,6 +70,13 @@ mod tests {
         );
         assert_eq!(quoted("order", '`'), "`order`");
         assert_eq!(quoted("s.order", '"'), "\"s\".\"order\"");
+    }
+
+    /// Rows are decoded by position: the select list and the written columns agree.
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[test]
+    fn the_select_list_is_every_written_column_in_order() {
+        assert_eq!(COLUMNS.split(", ").collect::<Vec<_>>(), crate::shape::WRITTEN);
     }
 
     #[test]

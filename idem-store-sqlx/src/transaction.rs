@@ -449,11 +449,11 @@ macro_rules! impl_transaction_database {
                 use crate::transaction::Write;
                 match write {
                     Write::Complete(response, now, ttl) => {
-                        let query = <$store>::finish(&table.sql, &table.sql.complete, response, now, ttl);
+                        let query = <$store>::finish(&table.sql, &table.sql.complete, response, now, ttl, lease);
                         <$store>::write_held(&mut *conn, "complete", query, lease).await
                     }
                     Write::Fail(message, now, ttl) => {
-                        let query = <$store>::finish(&table.sql, &table.sql.fail, message, now, ttl);
+                        let query = <$store>::finish(&table.sql, &table.sql.fail, message, now, ttl, lease);
                         <$store>::write_held(&mut *conn, "fail", query, lease).await
                     }
                     Write::Release => <$store>::release_in(conn, &table.sql, lease).await,

@@ -138,18 +138,12 @@ impl MutantStore {
                 }
             }
             Write::Finish(status, text, now, ttl) => {
-                if status == Status::Succeeded {
-                    record.response_body = Some(text.to_owned());
-                } else {
-                    record.error_message = Some(text.to_owned());
-                }
                 let kept = if self.bites(Bug::CompleteIgnoresTtl) {
                     Duration::ZERO
                 } else {
                     ttl
                 };
-                record.status = status;
-                (record.lease_until, record.completed_at, record.expires_at) = (Some(now), Some(now), now + kept);
+                record.finish(status, text, now, kept, &lease.retention);
             }
             Write::Steps(steps) => record.steps = Some(steps.to_owned()),
         }
@@ -291,7 +285,20 @@ impl IdempotencyStore for MutantStore {
         for id in &expired {
             records.remove(id);
         }
+        for record in records.values_mut().filter(|r| r.strippable(now)) {
+            record.strip(idem::Tombstone::Expired);
+        }
         Ok(expired.len() as u64)
+    }
+
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        let mut records = self.records.lock().unwrap();
+        let mut erased = 0;
+        for record in records.values_mut().filter(|r| r.erasable(subject)) {
+            record.strip(idem::Tombstone::Erased);
+            erased += 1;
+        }
+        Ok(erased)
     }
 }
 
@@ -371,5 +378,9 @@ impl IdempotencyStore for ShortLeases {
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         self.inner.purge_expired(now, limit).await
+    }
+
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        self.inner.erase_subject(subject).await
     }
 }

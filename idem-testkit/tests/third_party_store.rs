@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use idem::store::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, Status, StoreError};
+use idem::store::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease, Record, Status, StoreError, Tombstone};
 use idem_testkit::conformance::calls::Store;
 use idem_testkit::{conformance_suite, shared_store_suite};
 
@@ -42,15 +42,7 @@ impl BTreeStore {
                 record.lease_until = Some(until);
                 record.expires_at = record.expires_at.max(until);
             }
-            Write::Finish(status, text, now, ttl) => {
-                if status == Status::Succeeded {
-                    record.response_body = Some(text.to_owned());
-                } else {
-                    record.error_message = Some(text.to_owned());
-                }
-                record.status = status;
-                (record.lease_until, record.completed_at, record.expires_at) = (Some(now), Some(now), now + ttl);
-            }
+            Write::Finish(status, text, now, ttl) => record.finish(status, text, now, ttl, &lease.retention),
             Write::Steps(steps) => record.steps = Some(steps.to_owned()),
         }
         FenceCheck::Held
@@ -130,7 +122,20 @@ impl IdempotencyStore for BTreeStore {
         for id in &expired {
             records.remove(id);
         }
+        // Past their replay, finished records keep only a tombstone.
+        for record in records.values_mut().filter(|r| r.strippable(now)) {
+            record.strip(Tombstone::Expired);
+        }
         Ok(expired.len() as u64)
+    }
+
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        let mut records = self.records.lock().unwrap();
+        let erased = records
+            .values_mut()
+            .filter(|r| r.erasable(subject))
+            .map(|r| r.strip(Tombstone::Erased));
+        Ok(erased.count() as u64)
     }
 }
 

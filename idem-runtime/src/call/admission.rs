@@ -18,6 +18,7 @@ use crate::operation::Idempotent;
 use crate::policy::Mode;
 use crate::record::{Record, Status};
 use crate::replay::decode;
+use crate::retention::Tombstone;
 use crate::step::unknown_error;
 use crate::unknown::unsettled;
 
@@ -63,6 +64,7 @@ impl Call<'_> {
                 .map_err(|e| self.store_error("claim", e))?;
             let record = match outcome {
                 ClaimOutcome::Acquired(lease) => {
+                    let lease = lease.with_retention(self.op.retention());
                     if self.lease_ahead(&lease, claimed_at).await? {
                         observe::claimed(&self.op.biz, lease.fence, lease.took_over(), admitting.elapsed());
                         return Ok(Admitted::Claimed(lease));
@@ -127,7 +129,14 @@ impl Call<'_> {
 
 /// What a finished record answers a duplicate of `op` for `key`: the replayed value,
 /// or the error its mode and status call for.
+/// A tombstone answers for itself, whatever the mode: the call ran, and neither its
+/// answer nor a second run is to be had.
 pub(crate) fn answer_finished<T: DeserializeOwned>(op: &Idempotent, key: &str, record: Record) -> Result<T, Error> {
+    match record.tombstone_at(clock::now()) {
+        Some(Tombstone::Erased) => return Err(error_of(op, key, |biz, key| Error::Erased { biz, key })),
+        Some(Tombstone::Expired) => return Err(error_of(op, key, |biz, key| Error::Expired { biz, key })),
+        None => {}
+    }
     match (record.status, op.mode) {
         (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref()).map_err(|source| {
             error_of(op, key, |biz, key| Error::Decode {

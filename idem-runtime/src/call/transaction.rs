@@ -140,7 +140,8 @@ impl Idempotent {
             .map_err(|source| store_error(self, &key, "claim", source))?;
         let record = match outcome {
             Some(ClaimOutcome::Acquired(lease)) => {
-                return Ok(Admission::Claimed(TransactionClaim { op: self, key, lease }))
+                let lease = lease.with_retention(self.retention());
+                return Ok(Admission::Claimed(TransactionClaim { op: self, key, lease }));
             }
             Some(ClaimOutcome::Existing(record)) => record,
             None => return Err(error_of(self, &key, |biz, key| Error::InProgress { biz, key })),

@@ -2,7 +2,9 @@
 -- steps), 2 fence, 3 created_at, 4 the value (the lease's new length in µs, response,
 -- message, steps), 5 the record's length in µs from now (complete, fail), 6 keep, 7 the
 -- writer (an id of this one write call, the same on each send of it), 8 the caller's
--- now ('' = the server's clock, which judges by default). Returns 1 when the holder's write is
+-- now ('' = the server's clock, which judges by default), 9 the replay's length in µs when
+-- the record keeps a tombstone after it ('' = it replays until it expires), 10 the
+-- subject's keyed hash ('' = none); 9 and 10 may be left out. Returns 1 when the holder's write is
 -- in the record (applied now, or already, by this same write sent twice), 0 when the
 -- record is another holder's or gone — or another write's, even of the same outcome.
 local k = KEYS[1]
@@ -19,6 +21,10 @@ if what == 'complete' or what == 'fail' then
   local expires = fmt(now + tonumber(ARGV[5]))
   redis.call('HSET', k, 'status', status, field, ARGV[4], 'lease_until', fmt(now),
     'completed_at', fmt(now), 'expires_at', expires, 'written_by', ARGV[7])
+  local replay, subject = ARGV[9] or '', ARGV[10] or ''
+  redis.call('HDEL', k, 'tombstone', 'replay_until', 'subject')
+  if replay ~= '' then redis.call('HSET', k, 'replay_until', fmt(now + tonumber(replay))) end
+  if subject ~= '' then redis.call('HSET', k, 'subject', subject) end
   keep_until(k, expires, nil, ARGV[6])
   return 1
 end

@@ -33,11 +33,13 @@ pub enum Op {
     Get,
     /// `IdempotencyStore::purge_expired`.
     Purge,
+    /// `IdempotencyStore::erase_subject`.
+    Erase,
 }
 
 impl Op {
     /// Every operation.
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::Claim,
         Op::Renew,
         Op::Complete,
@@ -46,6 +48,7 @@ impl Op {
         Op::RecordSteps,
         Op::Get,
         Op::Purge,
+        Op::Erase,
     ];
 }
 
@@ -247,6 +250,10 @@ impl IdempotencyStore for FaultyStore {
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         self.call(Op::Purge, self.inner.purge_expired(now, limit)).await
+    }
+
+    async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
+        self.call(Op::Erase, self.inner.erase_subject(subject)).await
     }
 }
 

@@ -15,6 +15,8 @@ pub mod database;
 #[doc(hidden)]
 pub mod injected;
 #[doc(hidden)]
+pub mod retention;
+#[doc(hidden)]
 pub mod scenarios;
 #[doc(hidden)]
 pub mod steps;
@@ -99,6 +101,11 @@ macro_rules! __every_scenario {
                 a_step_record_that_fails_once_is_offered_again,
                 a_step_does_not_start_once_the_lease_is_lost,
                 a_step_value_that_cannot_be_recorded_is_not_run_again,
+            ],
+            retention [
+                a_tombstone_answers_gone_until_its_window_ends,
+                without_a_window_an_expired_key_is_a_new_request,
+                an_erased_subject_is_answered_erased_and_never_run,
             ],
             tokens [
                 concurrent_consumers_have_one_winner,
