@@ -14,7 +14,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 15] = [
+const OPTIONS: [&str; 17] = [
     "key",
     "biz",
     "ttl",
@@ -27,6 +27,8 @@ const OPTIONS: [&str; 15] = [
     "wait",
     "payload",
     "keep_request",
+    "subject",
+    "after_expiry",
     "store",
     "tx",
     "crate",
@@ -118,6 +120,29 @@ fn outcome_policy(value: &Expr) -> darling::Result<Span> {
              outcome is unknown (`Step::reconcile` or `Step::fail_closed`); leave the option out otherwise",
         )
         .with_span(other)),
+    }
+}
+
+/// `after_expiry = NewRequest` (the default), or `Gone("30d")`: the tombstone's window
+/// past the `ttl`.
+fn after_expiry(value: &Expr) -> darling::Result<Option<Millis>> {
+    let hint = "`after_expiry` is `NewRequest` (a retry after the `ttl` runs as a new request, the default) or \
+                `Gone(\"30d\")` (for that long past the `ttl` a retry gets `Error::Expired` and never runs)";
+    let named_as = |path: &Expr, name: &str| matches!(path, Expr::Path(path) if path.path.segments.last().is_some_and(|last| last.ident == name));
+    match value {
+        path if named_as(path, "NewRequest") => Ok(None),
+        Expr::Call(call) if named_as(&call.func, "Gone") => match call.args.first() {
+            Some(window @ Expr::Lit(ExprLit { lit: Lit::Str(_), .. })) if call.args.len() == 1 => {
+                Millis::from_expr(window)
+                    .map(Some)
+                    .map_err(|error| named("after_expiry", error))
+            }
+            Some(window) if call.args.len() == 1 => {
+                Err(Error::custom(format!("the window of `Gone` is a duration string: {hint}")).with_span(window))
+            }
+            _ => Err(Error::custom(format!("`Gone` takes one window, a duration string: {hint}")).with_span(call)),
+        },
+        other => Err(Error::custom(hint).with_span(other)),
     }
 }
 
@@ -245,6 +270,10 @@ pub struct Args {
     pub payload: Option<Expr>,
     /// `keep_request = true`.
     pub keep_request: bool,
+    /// The data subject's expression.
+    pub subject: Option<Expr>,
+    /// `after_expiry = Gone("30d")`: the tombstone's window.
+    pub gone_for: Option<Millis>,
     pub store: Option<Expr>,
     /// The parameter holding the caller's transaction (transactional mode).
     pub tx: Option<Ident>,
@@ -302,6 +331,14 @@ impl Args {
                     options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
                 }
                 "keep_request" => options.keep_request = errors.handle(keep_request(value)),
+                "subject" => {
+                    options.subject = errors.handle(expression(
+                        "subject",
+                        value,
+                        "the person the call is about, such as \"req.user_id\"",
+                    ))
+                }
+                "after_expiry" => options.gone_for = errors.handle(after_expiry(value)).flatten(),
                 "store" => {
                     options.store = errors.handle(expression(
                         "store",
@@ -359,6 +396,8 @@ impl Args {
             outcome_policy_required: options.outcome_policy.is_some(),
             payload: options.payload,
             keep_request: options.keep_request.is_some_and(|(keep, _)| keep),
+            subject: options.subject,
+            gone_for: options.gone_for,
             store: options.store,
             tx: options.tx,
             krate: options.krate,
@@ -383,6 +422,8 @@ struct Options {
     payload: Option<Expr>,
     /// The value, and where it was written.
     keep_request: Option<(bool, Span)>,
+    subject: Option<Expr>,
+    gone_for: Option<Millis>,
     store: Option<Expr>,
     tx: Option<Ident>,
     krate: Option<Path>,

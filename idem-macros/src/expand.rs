@@ -70,6 +70,12 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let mode = args.mode.map(|variant| quote!(.mode(#private::Mode::#variant)));
     let outcome_policy = args.outcome_policy_required.then(|| quote!(.require_outcome_policy()));
     let keep_request = args.keep_request.then(|| quote!(.keep_request(true)));
+    let after_expiry = args
+        .gone_for
+        .map(|Millis(ms, _)| quote!(.after_expiry(#private::AfterExpiry::Gone(#private::Duration::from_millis(#ms)))));
+    let subject = args
+        .subject
+        .map(|subject| quote_spanned!(subject.span()=> let __idem_op = __idem_op.subject(&(#subject));));
     let on_error = args
         .on_error
         .map(|variant| quote!(.on_error(#private::OnError::#variant)));
@@ -143,9 +149,10 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let statements = quote! {
             #duration_checks
             #key_stmt
-            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy #keep_request;
+            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy #keep_request #after_expiry;
             #ttl_expr
             #payload
+            #subject
             #store_stmt
             #describe
             #call

@@ -104,6 +104,15 @@ mod item;
 /// - `keep_request` (default `false`): `true` keeps the payload's JSON in the record too
 ///   (up to `idem::MAX_REQUEST_BODY` bytes), for an operator reading the record and for
 ///   the HTTP layer's answer naming the fields that differ. Needs `payload`.
+/// - `subject` (default: none): an expression (its value `Display`) naming the person the
+///   call is about, so that `idem::subject::erase` (and `idem erase --subject`) can
+///   remove what the record keeps of them; only a keyed hash of it is stored (the key is
+///   `idem::subject::install_key`'s or `IDEM_SUBJECT_KEY`; without one the call fails
+///   with `idem::Error::InvalidOption`). A retry of an erased call gets
+///   `idem::Error::Erased` and never runs. `subject = "req.user_id"`.
+/// - `after_expiry` (default `NewRequest`): what a retry that comes after `ttl` gets: a
+///   new run (`NewRequest`), or for a window past the `ttl` `idem::Error::Expired` from a
+///   body-less tombstone the purge keeps until the window ends (`Gone("30d")`).
 /// - `store` (default: the store given to `idem::install`): `&S` for a `Clone` store,
 ///   `Arc<S>` or `Arc<dyn IdempotencyStore>`. `store = "self.store"`.
 /// - `tx` (default: none): transactional mode. Names the parameter of type

@@ -218,5 +218,5 @@ pub const fn check_duration_ms(ms: u64, problem: &'static str) {
 }
 
 /// The public items the expansion names, here so that it names only this module.
-pub use crate::{Idempotent, Mode, OnError, Step};
+pub use crate::{AfterExpiry, Idempotent, Mode, OnError, Step};
 pub use std::time::Duration;

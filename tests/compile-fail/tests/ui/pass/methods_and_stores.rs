@@ -48,4 +48,15 @@ async fn unkept(id: u32) -> Result<u32, idem::Error> {
     Ok(id)
 }
 
+#[idempotent(key = "id", biz = "pass.subject", subject = user, after_expiry = Gone("30d"))]
+async fn of_a_subject(id: u32, user: &str) -> Result<u32, idem::Error> {
+    let _ = user;
+    Ok(id)
+}
+
+#[idempotent(key = "id", biz = "pass.new_request", after_expiry = idem::AfterExpiry::NewRequest)]
+async fn new_request(id: u32) -> Result<u32, idem::Error> {
+    Ok(id)
+}
+
 fn main() {}
