@@ -102,8 +102,11 @@ impl Disposition {
 
     fn of_idem(error: &Error) -> Self {
         match error {
-            // `mode = Reject`: a finished duplicate. Its outcome is recorded.
-            Error::Duplicate { .. } | Error::TokenSpent { .. } => Disposition::Ack,
+            // `mode = Reject`: a finished duplicate. Its outcome is recorded. A
+            // tombstone (its answer expired, or its subject erased): it ran long ago.
+            Error::Duplicate { .. } | Error::TokenSpent { .. } | Error::Expired { .. } | Error::Erased { .. } => {
+                Disposition::Ack
+            }
             Error::PreviousFailed { .. }
             | Error::PayloadMismatch { .. }
             | Error::InvalidKey { .. }
@@ -141,6 +144,18 @@ mod tests {
             }),
             Disposition::Ack
         );
+        for tombstone in [
+            Error::Expired {
+                biz: biz.clone(),
+                key: key.clone(),
+            },
+            Error::Erased {
+                biz: biz.clone(),
+                key: key.clone(),
+            },
+        ] {
+            assert_eq!(of(tombstone), Disposition::Ack, "a tombstone's message ran before");
+        }
         assert_eq!(
             of(Error::InProgress {
                 biz: biz.clone(),

@@ -197,6 +197,44 @@ async fn a_delivered_again_finished_message_is_acked_with_the_first_answer_and_n
     assert_eq!(waiting(&channel, queue).await, 0);
 }
 
+/// Through a sealed store: the first answer is replayed to a redelivery and kept
+/// sealed; a redelivery after the `ttl` of an operation keeping tombstones meets the
+/// tombstone and is acked, never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_consumer_replays_and_acks_a_message_that_meets_its_tombstone() {
+    use idem::seal::{SealKey, SealedStore, StaticKeyRing, SEALED_PREFIX};
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.sealed";
+    let channel = fresh_queue(&url, queue).await;
+    let plain = Arc::new(MemoryStore::new());
+    let ring = StaticKeyRing::new(SealKey::new("k1", [5; 32]).unwrap(), []);
+    let op = Idempotent::new("amqp.sealed")
+        .ttl(Duration::from_millis(800))
+        .after_expiry(idem::AfterExpiry::Gone(Duration::from_secs(60)))
+        .store(Arc::new(SealedStore::new(plain.clone(), ring)));
+    let runs = Arc::new(AtomicU32::new(0));
+    let consumer = Consumer::new(&url, queue).prefetch(1);
+    let _stop = spawn(consumer.clone(), counted(op, runs.clone(), Duration::ZERO, false));
+    for _ in 0..2 {
+        publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+    }
+    until(&consumer, |s| s.acked == 2).await;
+    let stored = idem::IdempotencyStore::get(plain.as_ref(), "amqp.sealed", "order-1")
+        .await
+        .unwrap()
+        .unwrap();
+    let response = stored.response_body.unwrap();
+    assert!(
+        response.starts_with(SEALED_PREFIX) && !response.contains("credited"),
+        "{response}"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    publish(&channel, queue, Some("order-1"), br#"{"points": 7}"#).await;
+    let stats = until(&consumer, |s| s.acked == 3).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one body, whatever came after");
+    assert_eq!((stats.requeued, stats.failed), (0, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_still_running_elsewhere_is_not_acked_and_comes_back_after_a_pause() {
     let Some(url) = amqp_url() else { return };

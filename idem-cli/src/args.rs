@@ -128,6 +128,27 @@ pub enum Command {
         #[command(flatten)]
         confirm: Confirm,
     },
+    /// Erase a data subject: every finished record the application marked with it
+    /// (`subject = ...`), of every biz, keeps only a tombstone — no request, answer,
+    /// failure or step — and a retry of its calls is answered "erased", never run.
+    Erase {
+        /// The subject as the application names it (a user id); only its keyed hash
+        /// is looked for.
+        #[arg(long)]
+        subject: String,
+        /// The application's subject key (32 bytes in base64), which the hash is keyed
+        /// with.
+        #[arg(
+            long,
+            env = "IDEM_SUBJECT_KEY",
+            hide_env_values = true,
+            default_value = "",
+            hide_default_value = true
+        )]
+        subject_key: String,
+        #[command(flatten)]
+        confirm: Confirm,
+    },
     /// Create the table and its index if missing (the DDL of `migrate()`), or print
     /// that DDL.
     Migrate {
@@ -208,6 +229,7 @@ impl Command {
             Command::RetryFailed { .. } => "retry-failed",
             Command::Unknown { .. } => "unknown",
             Command::Settle { .. } => "settle",
+            Command::Erase { .. } => "erase",
             Command::Migrate { .. } => "migrate",
             Command::Check => "check",
             Command::Outbox { command, .. } => command.name(),
@@ -224,6 +246,7 @@ impl Command {
                 | Command::Release { .. }
                 | Command::Unknown { .. }
                 | Command::Settle { .. }
+                | Command::Erase { .. }
         )
     }
 }

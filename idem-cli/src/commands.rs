@@ -43,6 +43,11 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
             confirm,
             ..
         } => settle(store, record, step.as_deref().unwrap_or(""), value.as_deref(), confirm).await,
+        Command::Erase {
+            subject,
+            subject_key,
+            confirm,
+        } => erase(store, subject, subject_key, confirm, json).await,
         Command::Migrate { print: false } => migrate(store).await,
         Command::Migrate { print: true } => print_migration(store).await,
         Command::Check => check(store).await,
@@ -124,6 +129,36 @@ async fn settle(store: &Store, id: &RecordId, step_name: &str, value: Option<&st
         )),
         other => Ended::Failed(format!("settling came to {other:?}")),
     })
+}
+
+/// `idem erase --subject S`.
+async fn erase(store: &Store, subject: &str, key: &str, confirm: &Confirm, json: bool) -> Outcome {
+    if key.is_empty() {
+        return Ok(Ended::Failed(
+            "erase needs the application's subject key, which the records' subject hashes are keyed with: \
+             --subject-key or IDEM_SUBJECT_KEY (32 bytes in base64)"
+                .to_owned(),
+        ));
+    }
+    let key = match idem_runtime::subject::SubjectKey::from_base64(key) {
+        Ok(key) => key,
+        Err(error) => return Ok(Ended::Failed(error.to_string())),
+    };
+    let question = format!(
+        "erase every record of subject {subject:?} on {} (their requests, answers, failures and steps; a retry of \
+         their calls is answered \"erased\" and not run)",
+        store.name()
+    );
+    if !confirmed(confirm, &question) {
+        return Ok(Ended::No("nothing erased".to_owned()));
+    }
+    let erased = idem_runtime::subject::erase(store.shared(), &key, subject).await?;
+    if json {
+        println!("{}", serde_json::json!({ "erased": erased }));
+    } else {
+        println!("erased {erased} records of the subject on {}", store.name());
+    }
+    Ok(Ended::Done)
 }
 
 async fn show(store: &Store, id: &RecordId, json: bool) -> Outcome {

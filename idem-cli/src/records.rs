@@ -182,7 +182,7 @@ fn is_token(row: &BizStatus) -> bool {
 pub fn print_stats(rows: &[BizStatus], oldest_processing: Option<&Record>, json: bool) {
     let (tokens, calls): (Vec<&BizStatus>, Vec<&BizStatus>) = rows.iter().partition(|row| is_token(row));
     if json {
-        let row = |row: &&BizStatus| json!({"biz": row.biz, "status": row.status.as_str(), "records": row.records, "expired": row.expired});
+        let row = |row: &&BizStatus| json!({"biz": row.biz, "status": row.status.as_str(), "records": row.records, "expired": row.expired, "tombstones": row.tombstones});
         let oldest = oldest_processing.map(|r| {
             json!({"biz": r.biz, "key": r.key, "created_at": instant(r.created_at), "lease_until": r.lease_until.map(instant)})
         });
@@ -198,20 +198,24 @@ pub fn print_stats(rows: &[BizStatus], oldest_processing: Option<&Record>, json:
     }
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["biz", "status", "records", "expired"]);
+    table.set_header(["biz", "status", "records", "expired", "tombstones"]);
     for row in &calls {
         table.add_row([
             row.biz.clone(),
             row.status.as_str().to_owned(),
             row.records.to_string(),
             row.expired.to_string(),
+            row.tombstones.to_string(),
         ]);
     }
     println!("{table}");
-    let (records, expired) = calls
-        .iter()
-        .fold((0, 0), |(r, e), row| (r + row.records, e + row.expired));
-    println!("{records} records, {expired} expired and not yet purged");
+    let (records, expired, tombstones) = calls.iter().fold((0, 0, 0), |(r, e, t), row| {
+        (r + row.records, e + row.expired, t + row.tombstones)
+    });
+    println!(
+        "{records} records, {expired} expired and not yet purged, {tombstones} tombstones (kept without their \
+         values: past their replay, or erased)"
+    );
     if !tokens.is_empty() {
         let count = |status| {
             tokens

@@ -734,3 +734,69 @@ fn sealed_records_are_read_and_settled_with_the_key_ring() {
     assert_eq!(opened.steps.as_deref(), Some(r#"{"charge":"{\"id\":\"ch_77\"}"}"#));
     let _ = std::fs::remove_file(path);
 }
+
+/// `idem erase --subject`: the subject's records keep only a tombstone (counted by
+/// `idem stats`), a retry of its calls is answered `Erased` and not run, another
+/// subject's record is untouched; without the subject key nothing is erased.
+#[test]
+fn a_subject_is_erased_by_the_command() {
+    use idem_runtime::subject::{self, SubjectKey};
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-erase")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let table = "idempotent_record";
+    let key_text = "BAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQ=";
+    subject::install_key(SubjectKey::new([4; 32]));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let store = runtime.block_on(async {
+        let store = idem_store_sqlx::SqliteStore::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        store
+    });
+    let op = Idempotent::new("cli.erase").store(Arc::new(store.clone()));
+    let pay = |subject: &str, key: &str, answer: &str| {
+        let (op, answer) = (op.clone().subject(subject), answer.to_owned());
+        runtime.block_on(async move {
+            op.execute(key, async move { Ok::<_, idem_runtime::Error>(answer) })
+                .await
+        })
+    };
+    assert_eq!(pay("ada", "order-1", "receipt for ada").unwrap(), "receipt for ada");
+    assert_eq!(pay("bob", "order-2", "receipt for bob").unwrap(), "receipt for bob");
+
+    let keyless = idem(&url, table, &["erase", "--subject", "ada", "--yes"]);
+    assert!(!keyless.status.success());
+    assert!(String::from_utf8_lossy(&keyless.stderr).contains("IDEM_SUBJECT_KEY"));
+    let erased = json(&idem(
+        &url,
+        table,
+        &[
+            "--json",
+            "erase",
+            "--subject",
+            "ada",
+            "--subject-key",
+            key_text,
+            "--yes",
+        ],
+    ));
+    assert_eq!(erased, serde_json::json!({"erased": 1}));
+
+    let stats = json(&idem(&url, table, &["--json", "stats", "--biz", "cli.erase"]));
+    let row = &stats["by_biz_and_status"][0];
+    assert_eq!(
+        (row["records"].as_u64(), row["tombstones"].as_u64()),
+        (Some(2), Some(1)),
+        "{stats}"
+    );
+    let record = runtime.block_on(store.get("cli.erase", "order-1")).unwrap().unwrap();
+    assert_eq!(
+        (record.response_body, record.tombstone),
+        (None, Some(idem_runtime::Tombstone::Erased))
+    );
+    assert!(matches!(
+        pay("ada", "order-1", "a second charge"),
+        Err(idem_runtime::Error::Erased { .. })
+    ));
+    assert_eq!(pay("bob", "order-2", "").unwrap(), "receipt for bob");
+    let _ = std::fs::remove_file(path);
+}

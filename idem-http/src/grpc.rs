@@ -42,15 +42,17 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// The gRPC status a refusal of the layer is given, the way gRPC clients act on it: a
 /// request to correct is `INVALID_ARGUMENT`; a caller the layer cannot tell,
 /// `UNAUTHENTICATED`; a duplicate of a call still running, `ABORTED` (retry later); a key
-/// reused for another request, a first answer that cannot be replayed or an outcome
-/// that is unknown, `FAILED_PRECONDITION`; a request too large, `RESOURCE_EXHAUSTED`; the store down,
+/// reused for another request, a first answer that cannot be replayed, an outcome
+/// that is unknown or a record that is a tombstone, `FAILED_PRECONDITION`; a request too large, `RESOURCE_EXHAUSTED`; the store down,
 /// `UNAVAILABLE` (retry with the same key); anything else, `INTERNAL`.
 pub(crate) fn status_of(problem: Problem) -> u32 {
     match problem {
         Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => code::INVALID_ARGUMENT,
         Problem::CallerUnknown => code::UNAUTHENTICATED,
         Problem::InProgress => code::ABORTED,
-        Problem::KeyReused | Problem::NotReplayable | Problem::OutcomeUnknown => code::FAILED_PRECONDITION,
+        Problem::KeyReused | Problem::NotReplayable | Problem::OutcomeUnknown | Problem::Expired | Problem::Erased => {
+            code::FAILED_PRECONDITION
+        }
         Problem::BodyTooLarge => code::RESOURCE_EXHAUSTED,
         Problem::StoreUnavailable => code::UNAVAILABLE,
         Problem::NotRecorded | Problem::Misconfigured => code::INTERNAL,

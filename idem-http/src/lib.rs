@@ -83,7 +83,8 @@
 //! | a 4xx before that (an extractor's rejection, a validation) | returned, not recorded: a corrected retry runs |
 //! | a 5xx | returned, not recorded (the claim is released): a retry runs ([`IdempotencyLayer::record_server_errors`]) |
 //! | a request an outer layer (auth, rate limit) refuses | never reaches this layer: no record |
-//! | the same key after the operation's `ttl` | a new request |
+//! | the same key after the operation's `ttl` | a new request; or, on an operation that keeps tombstones ([`AfterExpiry::Gone`](idem_runtime::AfterExpiry::Gone)), 410 `application/problem+json` until the tombstone's window ends |
+//! | the same key after its record's data subject was erased ([`idem_runtime::subject`]) | 410 |
 //!
 //! Problem documents speak to the client about its request; the operation's biz, the
 //! scoped record key and the store's errors go to the logs (`tracing`).

@@ -33,6 +33,13 @@ pub enum Problem {
     /// fails closed: nothing runs it again until an operator settles it. Every retry
     /// with the key gets this; it is neither a replay nor a new run.
     OutcomeUnknown,
+    /// 410: the first request with this key ran long ago, and its response is no
+    /// longer kept: the operation keeps a tombstone past its `ttl`
+    /// ([`AfterExpiry::Gone`](idem_runtime::AfterExpiry::Gone)). It is not run again.
+    Expired,
+    /// 410: the first request with this key ran, and what its record kept was erased
+    /// with its data subject. It is not run again.
+    Erased,
     /// 413: the request body is larger than the layer buffers.
     BodyTooLarge,
     /// 400: the request body could not be read.
@@ -53,6 +60,7 @@ impl Problem {
             Problem::CallerUnknown => StatusCode::UNAUTHORIZED,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InProgress | Problem::NotReplayable | Problem::OutcomeUnknown => StatusCode::CONFLICT,
+            Problem::Expired | Problem::Erased => StatusCode::GONE,
             Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::NotRecorded | Problem::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
@@ -69,6 +77,8 @@ impl Problem {
             Problem::KeyReused => "urn:idem:problem:idempotency-key-reused",
             Problem::InProgress => "urn:idem:problem:request-in-progress",
             Problem::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
+            Problem::Expired => "urn:idem:problem:idempotency-key-expired",
+            Problem::Erased => "urn:idem:problem:record-erased",
             Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
             Problem::BodyUnreadable => "urn:idem:problem:body-unreadable",
             Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
@@ -87,6 +97,8 @@ impl Problem {
             Problem::KeyReused => "Idempotency-Key is already used for another request",
             Problem::InProgress => "A request with this Idempotency-Key is being processed",
             Problem::OutcomeUnknown => "The outcome of the request with this Idempotency-Key is unknown",
+            Problem::Expired => "The response to this Idempotency-Key has expired",
+            Problem::Erased => "The record of this Idempotency-Key was erased",
             Problem::BodyTooLarge => "Request body is too large",
             Problem::BodyUnreadable => "Request body could not be read",
             Problem::StoreUnavailable => "Idempotency store is unavailable",
@@ -117,6 +129,15 @@ impl Problem {
                 "the first request with this Idempotency-Key may have taken effect, and whether it did is \
                  being found out; it is not run again. Do not send it again under a new key: retry this one \
                  later, or ask for its outcome another way"
+            }
+            Problem::Expired => {
+                "the first request with this Idempotency-Key was processed long ago and its response is no \
+                 longer kept; it is not run again: ask for its outcome another way, or send a new key to run it \
+                 again"
+            }
+            Problem::Erased => {
+                "the first request with this Idempotency-Key was processed, and its record was erased at its \
+                 owner's request; it is not run again: send a new key to run it again"
             }
             Problem::BodyTooLarge => "the request body is too large",
             Problem::BodyUnreadable => "the request body could not be read",

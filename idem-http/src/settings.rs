@@ -102,6 +102,8 @@ impl Settings {
             Error::PayloadMismatch { .. } => Problem::KeyReused,
             Error::InvalidKey { .. } => Problem::KeyMalformed,
             Error::OutcomeUnknown { .. } => Problem::OutcomeUnknown,
+            Error::Expired { .. } => Problem::Expired,
+            Error::Erased { .. } => Problem::Erased,
             _ if ran => Problem::NotRecorded,
             Error::Store { .. } => Problem::StoreUnavailable,
             _ => Problem::Misconfigured,

@@ -394,6 +394,57 @@ macro_rules! http_suite {
             );
         }
 
+        /// An operation that keeps tombstones answers a retry after its `ttl` with 410,
+        /// and runs nothing.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_retry_after_the_ttl_of_an_operation_keeping_tombstones_is_410() {
+            let gone = Idempotent::new(conformance::unique("http.gone"))
+                .ttl(Duration::from_millis(800))
+                .after_expiry(idem::AfterExpiry::Gone(Duration::from_secs(60)));
+            let Some((server, _)) = server(gone, Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            let retry = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+            retry.assert_problem(410, "no longer kept");
+            assert_eq!(retry.json()["type"], "urn:idem:problem:idempotency-key-expired");
+            assert_eq!(server.runs(), 1, "not run again");
+        }
+
+        /// Behind the layer on a sealed store: the response is replayed, and the table
+        /// holds none of it in clear.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_sealed_store_behind_the_layer_replays_what_it_keeps_sealed() {
+            use idem::seal::{SealKey, SealedStore, StaticKeyRing, SEALED_PREFIX};
+            let Some(url) = harness::backend_url($backend, "http") else { return };
+            let biz = conformance::unique("http.sealed");
+            let ring = StaticKeyRing::new(SealKey::new("k1", [3; 32]).unwrap(), []);
+            let op = Idempotent::new(biz.clone());
+            let server = Server::start_with(&url, &conformance::unique("http"), Duration::ZERO, |store| {
+                let sealed: Store = Arc::new(SealedStore::new(store.clone(), ring));
+                layer(op, &sealed)
+            })
+            .await;
+            let key = conformance::unique("k");
+            let first = Answer::of(server.pay("acme", Some(&key), &payment(4242))).await;
+            assert_eq!(first.status, 201, "{}", first.body);
+            let retry = Answer::of(server.pay("acme", Some(&key), &payment(4242))).await;
+            assert_eq!((retry.status, &retry.body), (201, &first.body));
+            assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+            assert_eq!(server.runs(), 1);
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.unwrap();
+            let stored: Vec<(Option<String>,)> =
+                sqlx::query_as(&format!("SELECT response_body FROM idempotent_record WHERE biz_type = '{biz}'"))
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+            let charge = first.json()["charge_id"].as_str().unwrap().to_owned();
+            assert_eq!(stored.len(), 1, "one record");
+            let response = stored[0].0.as_deref().unwrap();
+            assert!(response.starts_with(SEALED_PREFIX) && !response.contains(&charge), "{response}");
+        }
+
         /// The request is kept only when the operation asks: then the 422 names the
         /// fields that differ; by default it says only that the key was used for
         /// another request (the fingerprint alone tells).
