@@ -329,6 +329,7 @@ pub struct ReadmeDoctests;
 pub use idem_macros::idempotent;
 pub use idem_runtime::digest;
 pub use idem_runtime::observe;
+pub use idem_runtime::pages;
 pub use idem_runtime::repair;
 pub use idem_runtime::scoped_key;
 pub use idem_runtime::subject;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use idem::pages::RecordPages;
 use idem::seal::{SealKey, SealedStore, StaticKeyRing, SEALED_PREFIX};
 use idem::store::{Claim, ClaimOutcome};
 use idem::{Error, IdempotencyStore, Idempotent, OnError};
@@ -227,6 +228,132 @@ async fn rotation_in_a_storm(plain: Arc<dyn IdempotencyStore>) {
     ));
 }
 
+/// `rekey` over records of every kind sealed with an old key (answers with kept
+/// requests, recorded failures, steps): each is re-sealed with the new key, a batch at
+/// a time, after which a ring without the old key replays every first answer and runs
+/// nothing; a second run re-seals nothing; a record that changed since it was read is
+/// not rewritten. `table` is the store's own (the walk covers every record in it).
+async fn rekey_then_retire(plain: Arc<dyn IdempotencyStore>, pages: &dyn RecordPages, table: &str) {
+    const EACH: usize = 100;
+    let biz = conformance::unique("rekey");
+    let sealed = |ring: StaticKeyRing| Arc::new(SealedStore::new(plain.clone(), ring).table(table));
+    let op = |ring: StaticKeyRing| Idempotent::new(biz.clone()).store(sealed(ring));
+    let old = op(StaticKeyRing::new(key("r1", 11), []));
+    let runs = Runs::default();
+    for n in 0..EACH {
+        let request = format!("order {n} for ada");
+        let kept = old.clone().payload(&request).keep_request(true);
+        let _: String = kept
+            .execute(format!("a{n}"), runs.receipt(&format!("receipt {n}")))
+            .await
+            .unwrap();
+        let failed: Result<String, Error> = old
+            .clone()
+            .on_error(OnError::Record)
+            .execute(format!("f{n}"), async {
+                Err(Error::NoStore {
+                    biz: format!("declined {n}"),
+                })
+            })
+            .await;
+        assert!(failed.is_err());
+        let _: String = old
+            .execute(format!("s{n}"), async {
+                idem::step("charge", async { Ok::<_, Error>(format!("ch_{n}")) }).await
+            })
+            .await
+            .unwrap();
+    }
+    let new_ring = || StaticKeyRing::new(key("r2", 12), [key("r1", 11)]);
+    let mut pages_seen = 0;
+    let done = sealed(new_ring()).rekey(pages, 64, |_| pages_seen += 1).await.unwrap();
+    assert_eq!(
+        (done.resealed, done.changed_meanwhile),
+        (3 * EACH as u64, 0),
+        "{done:?}"
+    );
+    assert!(
+        done.scanned >= 3 * EACH as u64 && pages_seen >= 1,
+        "{done:?}, {pages_seen} pages"
+    );
+    for n in [0, EACH / 2, EACH - 1] {
+        let held = stored(&plain, &biz, &format!("s{n}")).await;
+        assert!(
+            held.contains(&format!("{SEALED_PREFIX}r2:")) && !held.contains("r1:"),
+            "{held}"
+        );
+    }
+
+    // The old key dropped: every first answer replays, nothing runs.
+    let retired = op(StaticKeyRing::new(key("r2", 12), []));
+    for n in 0..EACH {
+        let again: String = retired.execute(format!("a{n}"), runs.receipt("")).await.unwrap();
+        assert_eq!(again, format!("receipt {n}"));
+        let recorded = retired.execute(format!("f{n}"), runs.receipt("")).await;
+        assert!(
+            matches!(&recorded, Err(Error::PreviousFailed { message, .. }) if message.contains("error of type")),
+            "{recorded:?}"
+        );
+        let step: String = retired.execute(format!("s{n}"), runs.receipt("")).await.unwrap();
+        assert_eq!(step, format!("ch_{n}"));
+    }
+    assert_eq!(runs.count() as usize, EACH, "only the first answers ran");
+    let again = sealed(new_ring()).rekey(pages, 64, |_| {}).await.unwrap();
+    assert_eq!(again.resealed, 0, "{again:?}");
+
+    // A record that changed since it was read is not rewritten.
+    let read = plain.get(&biz, "a0").await.unwrap().unwrap();
+    let mut stale = read.clone();
+    stale.response_body = Some("an older answer".to_owned());
+    let rewrite = |read: &idem::Record| idem::pages::Rewrite {
+        read: read.clone(),
+        with: read.clone(),
+    };
+    let rewrites = [rewrite(&stale), rewrite(&read)];
+    assert_eq!(
+        pages.replace_values(&rewrites).await.unwrap(),
+        1,
+        "a stale read rewrites nothing"
+    );
+    harness::say(&format!(
+        "seal rekey on {}: {} records re-sealed in {pages_seen} pages, then read with the new key alone",
+        plain.kind(),
+        done.resealed
+    ));
+}
+
+/// The store of `backend` on a table (a key prefix) of its own, and its pages.
+async fn own_table(backend: &str, url: &str) -> (Arc<dyn IdempotencyStore>, Arc<dyn RecordPages>, String) {
+    let table = conformance::unique("rekey").replace('-', "_");
+    macro_rules! sql {
+        ($store:ty, $url:expr) => {{
+            let store = <$store>::connect($url).await.unwrap().with_table_name(&table).unwrap();
+            store.migrate().await.unwrap();
+            (
+                Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
+                Arc::new(store) as Arc<dyn RecordPages>,
+            )
+        }};
+    }
+    let (store, pages) = match backend {
+        "sqlite" => sql!(idem::SqliteStore, &format!("{url}?mode=rwc")),
+        "postgres" => sql!(idem::PostgresStore, url),
+        "mysql" => sql!(idem::MySqlStore, url),
+        _ => {
+            let store = idem::RedisStore::connect(url)
+                .await
+                .unwrap()
+                .with_prefix(&format!("{table}:"))
+                .unwrap();
+            (
+                Arc::new(store.clone()) as Arc<dyn IdempotencyStore>,
+                Arc::new(store) as Arc<dyn RecordPages>,
+            )
+        }
+    };
+    (store, pages, table)
+}
+
 async fn on(backend: &str) {
     let Some(url) = harness::backend_url(backend, "seal") else {
         return;
@@ -234,6 +361,8 @@ async fn on(backend: &str) {
     let store = harness::open_store(&url).await;
     sealed_at_rest(store.clone()).await;
     rotation_in_a_storm(store).await;
+    let (store, pages, table) = own_table(backend, &url).await;
+    rekey_then_retire(store, pages.as_ref(), &table).await;
 }
 
 /// Transactional mode writes its record in the body's transaction, past the seal: a
@@ -273,6 +402,8 @@ async fn sealed_at_rest_on_memory() {
     let store: Arc<dyn IdempotencyStore> = Arc::new(idem::MemoryStore::new());
     sealed_at_rest(store.clone()).await;
     rotation_in_a_storm(store).await;
+    let own = idem::MemoryStore::new();
+    rekey_then_retire(Arc::new(own.clone()), &own, idem::seal::DEFAULT_TABLE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -149,6 +149,15 @@ pub enum Command {
         #[command(flatten)]
         confirm: Confirm,
     },
+    /// Re-seal every record holding a value sealed with an older key, with the current
+    /// key of the ring (`--seal-keys`, the new key first, the old ones after it), in
+    /// batches with progress; afterwards the old keys can be dropped from every ring.
+    /// A record a call rewrites meanwhile is left alone and counted.
+    Rekey {
+        /// Records per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch: u32,
+    },
     /// Create the table and its index if missing (the DDL of `migrate()`), or print
     /// that DDL.
     Migrate {
@@ -230,6 +239,7 @@ impl Command {
             Command::Unknown { .. } => "unknown",
             Command::Settle { .. } => "settle",
             Command::Erase { .. } => "erase",
+            Command::Rekey { .. } => "rekey",
             Command::Migrate { .. } => "migrate",
             Command::Check => "check",
             Command::Outbox { command, .. } => command.name(),
@@ -247,6 +257,7 @@ impl Command {
                 | Command::Unknown { .. }
                 | Command::Settle { .. }
                 | Command::Erase { .. }
+                | Command::Rekey { .. }
         )
     }
 }

@@ -48,6 +48,7 @@ pub async fn run(cli: &Cli, store: &Store) -> Ended {
             subject_key,
             confirm,
         } => erase(store, subject, subject_key, confirm, json).await,
+        Command::Rekey { batch } => rekey(store, *batch, json).await,
         Command::Migrate { print: false } => migrate(store).await,
         Command::Migrate { print: true } => print_migration(store).await,
         Command::Check => check(store).await,
@@ -129,6 +130,48 @@ async fn settle(store: &Store, id: &RecordId, step_name: &str, value: Option<&st
         )),
         other => Ended::Failed(format!("settling came to {other:?}")),
     })
+}
+
+/// `idem rekey`: every record re-sealed with the ring's current key, a batch at a time.
+async fn rekey(store: &Store, batch: u32, json: bool) -> Outcome {
+    let Some(sealed) = store.sealed() else {
+        return Ok(Ended::Failed(
+            "rekey needs the key ring, the new key first and the old ones after it: --seal-keys or IDEM_SEAL_KEYS"
+                .to_owned(),
+        ));
+    };
+    let started = std::time::Instant::now();
+    let done = sealed
+        .rekey(store.pages(), batch, |so_far| {
+            eprintln!(
+                "rekey: {} records read, {} re-sealed, {} changed meanwhile ({:.1} s)",
+                so_far.scanned,
+                so_far.resealed,
+                so_far.changed_meanwhile,
+                started.elapsed().as_secs_f64()
+            );
+        })
+        .await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "scanned": done.scanned,
+                "resealed": done.resealed,
+                "changed_meanwhile": done.changed_meanwhile,
+            })
+        );
+    } else {
+        println!(
+            "re-sealed {} of {} records on {} ({} changed meanwhile: run again once every process seals with \
+             the new key)",
+            done.resealed,
+            done.scanned,
+            store.name(),
+            done.changed_meanwhile
+        );
+    }
+    Ok(Ended::Done)
 }
 
 /// `idem erase --subject S`.

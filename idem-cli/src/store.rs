@@ -132,6 +132,21 @@ impl Store {
         }
     }
 
+    /// The backend's records, a page at a time, for a walk over all of them.
+    pub fn pages(&self) -> &dyn idem_runtime::pages::RecordPages {
+        match &self.backend {
+            Backend::Sqlite(store) => store,
+            Backend::Postgres(store) => store,
+            Backend::MySql(store) => store,
+            Backend::Redis(store) => store,
+        }
+    }
+
+    /// The seal the application's values are opened with, when the keys were given.
+    pub fn sealed(&self) -> Option<&SealedStore> {
+        self.sealed.as_ref()
+    }
+
     /// The store through the trait: sealed values opened (and what a repair writes
     /// sealed) when the command was given the keys.
     pub fn shared(&self) -> &dyn IdempotencyStore {

@@ -800,3 +800,173 @@ fn a_subject_is_erased_by_the_command() {
     assert_eq!(pay("bob", "order-2", "").unwrap(), "receipt for bob");
     let _ = std::fs::remove_file(path);
 }
+
+/// `idem rekey` over 100,000 records sealed with an old key, in batches with progress:
+/// afterwards a ring without the old key opens every one, and a second run re-seals
+/// nothing. The records are sealed in memory and written in bulk (as a long-lived table
+/// holds them), then re-sealed by the command.
+fn rekey_over_100000(url: &str, table: &str, stamp: &str) {
+    use idem_runtime::pages::RecordPages;
+    use idem_runtime::seal::{SealedStore, StaticKeyRing, SEALED_PREFIX};
+    use idem_store_sqlx::sqlx;
+    const RECORDS: u32 = 100_000;
+    let (old_key, new_key) = (
+        "old:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE",
+        "new:AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI",
+    );
+    let ring = |keys: &str| StaticKeyRing::parse(keys, "test").unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let memory = idem_runtime::MemoryStore::new();
+        let sealed = SealedStore::new(Arc::new(memory.clone()), ring(old_key)).table(table);
+        let now = idem_runtime::now();
+        for n in 0..RECORDS {
+            let lease = claimed(&sealed, "cli.rekey", &format!("k{n}"), now, Duration::from_secs(60), Duration::from_secs(86_400)).await;
+            let answer = format!("\"receipt {n}\"");
+            assert_eq!(sealed.complete(&lease, &answer, now, Duration::from_secs(86_400)).await.unwrap(), idem_runtime::FenceCheck::Held);
+        }
+        let records = memory.page("", RECORDS + 1).await.unwrap().records;
+        assert_eq!(records.len(), RECORDS as usize);
+        macro_rules! bulk {
+            ($pool:ty, $db:ty) => {{
+                let pool = <$pool>::connect(url).await.unwrap();
+                for chunk in records.chunks(1000) {
+                    let mut insert = sqlx::QueryBuilder::<$db>::new(format!(
+                        "INSERT INTO {table} (biz_type, idempotent_key, status, fence, response_body, lease_until, created_at, completed_at, expires_at) "
+                    ));
+                    insert.push_values(chunk, |mut row, record| {
+                        row.push_bind(record.biz.clone())
+                            .push_bind(record.key.clone())
+                            .push("'SUCCESS'")
+                            .push_bind(record.fence as i64)
+                            .push_bind(record.response_body.clone())
+                            .push(stamp)
+                            .push(stamp)
+                            .push(stamp)
+                            .push(stamp.replace("2020", "2099"));
+                    });
+                    insert.build().execute(&pool).await.unwrap();
+                }
+            }};
+        }
+        if url.starts_with("sqlite") {
+            bulk!(sqlx::SqlitePool, sqlx::Sqlite);
+        } else if url.starts_with("postgres") {
+            bulk!(sqlx::PgPool, sqlx::Postgres);
+        } else {
+            bulk!(sqlx::MySqlPool, sqlx::MySql);
+        }
+    });
+    let keys = format!("{new_key},{old_key}");
+    let rekey = |keys: &str| {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args([
+                "--database-url",
+                url,
+                "--table",
+                table,
+                "--json",
+                "rekey",
+                "--batch",
+                "5000",
+            ])
+            .env("IDEM_SEAL_KEYS", keys)
+            .output()
+            .unwrap()
+    };
+    let started = std::time::Instant::now();
+    let done = rekey(&keys);
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        stderr.lines().filter(|l| l.starts_with("rekey: ")).count() >= 20,
+        "progress after every batch: {stderr}"
+    );
+    let done = json(&done);
+    assert_eq!(done["resealed"], RECORDS, "{done}");
+    assert_eq!(done["changed_meanwhile"], 0, "{done}");
+    eprintln!(
+        "idem rekey re-sealed {RECORDS} records on {url} in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The old key retired: every record opens with the new key alone.
+    runtime.block_on(async {
+        let store: Arc<dyn IdempotencyStore> = match url.split(':').next().unwrap() {
+            "sqlite" => Arc::new(
+                idem_store_sqlx::SqliteStore::connect(url)
+                    .await
+                    .unwrap()
+                    .with_table_name(table)
+                    .unwrap(),
+            ),
+            "postgres" => Arc::new(
+                idem_store_sqlx::PostgresStore::connect(url)
+                    .await
+                    .unwrap()
+                    .with_table_name(table)
+                    .unwrap(),
+            ),
+            _ => Arc::new(
+                idem_store_sqlx::MySqlStore::connect(url)
+                    .await
+                    .unwrap()
+                    .with_table_name(table)
+                    .unwrap(),
+            ),
+        };
+        let retired = SealedStore::new(store.clone(), ring(new_key)).table(table);
+        for n in (0..RECORDS).step_by(997) {
+            let raw = store.get("cli.rekey", &format!("k{n}")).await.unwrap().unwrap();
+            assert!(raw
+                .response_body
+                .as_deref()
+                .unwrap()
+                .starts_with(&format!("{SEALED_PREFIX}new:")));
+            let opened = retired.get("cli.rekey", &format!("k{n}")).await.unwrap().unwrap();
+            assert_eq!(opened.response_body, Some(format!("\"receipt {n}\"")));
+        }
+    });
+    let again = json(&rekey(&keys));
+    assert_eq!(again["resealed"], 0, "{again}");
+    let keyless = idem(url, table, &["rekey"]);
+    assert!(String::from_utf8_lossy(&keyless.stderr).contains("--seal-keys"));
+}
+
+#[test]
+fn rekey_reseals_100000_records_on_sqlite() {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-rekey")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    runtime_migrate(&url, "idempotent_record");
+    rekey_over_100000(&url, "idempotent_record", "'2020-01-01 00:00:00.000000'");
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn rekey_reseals_100000_records_on_postgres() {
+    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let table = unique("idem_rekey");
+    runtime_migrate(&url, &table);
+    rekey_over_100000(&url, &table, "'2020-01-01 00:00:00+00'");
+}
+
+#[test]
+fn rekey_reseals_100000_records_on_mariadb() {
+    let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
+        return;
+    };
+    let table = unique("idem_rekey");
+    runtime_migrate(&url, &table);
+    rekey_over_100000(&url, &table, "'2020-01-01 00:00:00'");
+}
+
+/// Create `table` at `url` with the command.
+fn runtime_migrate(url: &str, table: &str) {
+    let migrated = idem(url, table, &["migrate"]);
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+}

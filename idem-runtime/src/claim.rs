@@ -99,12 +99,12 @@ impl<'a> Claim<'a> {
     ///
     /// A `FAIL` record is never answered from a copy: an operator may delete it in the
     /// store that decides (`idem retry-failed`) so that the next call runs again, and a
-    /// copy would go on answering `PreviousFailed` until it expired. Nor is a
-    /// tombstone, nor a record past its replay: the store answers those.
+    /// copy would go on answering `PreviousFailed` until it expired. A copy that is a
+    /// tombstone, or past its replay, answers as the store would: the caller's answer
+    /// to a finished record checks that first.
     pub fn answered_by(&self, record: &Record) -> bool {
         record.status == Status::Succeeded
             && !record.is_expired(self.now)
-            && record.tombstone_at(self.now).is_none()
             && fingerprints_agree(record.fingerprint.as_deref(), self.fingerprint)
     }
 

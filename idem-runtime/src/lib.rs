@@ -45,6 +45,7 @@ mod key;
 mod memory;
 pub mod observe;
 mod operation;
+pub mod pages;
 mod policy;
 mod record;
 pub mod repair;

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock::{LeaseClock, SteadyClock};
 use crate::error::StoreError;
+use crate::pages::{Page, RecordPages, Rewrite};
 use crate::record::{Record, Status};
 use crate::retention::Tombstone;
 use crate::store::IdempotencyStore;
@@ -248,6 +249,50 @@ impl IdempotencyStore for MemoryStore {
             }
         }
         Ok(erased)
+    }
+}
+
+/// Records in `(biz, key)` order; the cursor is the last one's `biz`, a new line, its
+/// key (neither holds a control character).
+#[async_trait]
+impl RecordPages for MemoryStore {
+    async fn page(&self, cursor: &str, limit: u32) -> Result<Page, StoreError> {
+        let after = cursor.split_once('\n');
+        let guard = self.lock();
+        let mut records: Vec<&Record> = guard
+            .shelves
+            .values()
+            .flat_map(HashMap::values)
+            .filter(|r| after.is_none_or(|(biz, key)| (r.biz.as_str(), r.key.as_str()) > (biz, key)))
+            .collect();
+        records.sort_by(|a, b| (&a.biz, &a.key).cmp(&(&b.biz, &b.key)));
+        records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+        let next = (records.len() == limit as usize)
+            .then(|| records.last().map(|r| format!("{}\n{}", r.biz, r.key)))
+            .flatten();
+        Ok(Page {
+            records: records.into_iter().cloned().collect(),
+            next,
+        })
+    }
+
+    async fn replace_values(&self, rewrites: &[Rewrite]) -> Result<u64, StoreError> {
+        let mut guard = self.lock();
+        let mut replaced = 0;
+        for Rewrite { read, with } in rewrites {
+            let record = guard
+                .shelves
+                .get_mut(&read.biz)
+                .and_then(|shelf| shelf.get_mut(&read.key));
+            if let Some(record) = record.filter(|record| record.same_values(read)) {
+                record.request_body.clone_from(&with.request_body);
+                record.response_body.clone_from(&with.response_body);
+                record.error_message.clone_from(&with.error_message);
+                record.steps.clone_from(&with.steps);
+                replaced += 1;
+            }
+        }
+        Ok(replaced)
     }
 }
 

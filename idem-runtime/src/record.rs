@@ -167,6 +167,24 @@ impl Record {
             && self.tombstone != Some(Tombstone::Erased)
     }
 
+    /// Whether `other` is this record in the same life, fence and status, with the same
+    /// values: what a rewrite of the values in place ([`RecordPages::replace_values`](crate::pages::RecordPages::replace_values))
+    /// requires of the record it read.
+    pub fn same_values(&self, other: &Record) -> bool {
+        (self.created_at, self.fence, self.status) == (other.created_at, other.fence, other.status)
+            && (
+                &self.request_body,
+                &self.response_body,
+                &self.error_message,
+                &self.steps,
+            ) == (
+                &other.request_body,
+                &other.response_body,
+                &other.error_message,
+                &other.steps,
+            )
+    }
+
     /// Whether the record counts as absent at `now`.
     pub fn is_expired(&self, now: SystemTime) -> bool {
         self.expires_at <= now

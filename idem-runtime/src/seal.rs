@@ -64,6 +64,7 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::default_store::IntoSharedStore;
 use crate::error::StoreError;
+use crate::pages::{RecordPages, Rewrite};
 use crate::record::Record;
 use crate::store::IdempotencyStore;
 use crate::unknown;
@@ -251,6 +252,19 @@ impl KeyRing for StaticKeyRing {
     }
 }
 
+/// What [`SealedStore::rekey`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rekeyed {
+    /// Records read.
+    pub scanned: u64,
+    /// Records whose values were sealed again with the current key.
+    pub resealed: u64,
+    /// Records that held an older key's values but changed between the read and the
+    /// rewrite (a call wrote them): left as they are.
+    pub changed_meanwhile: u64,
+}
+
 /// A field of a record, as the associated data names it.
 #[derive(Debug, Clone, Copy)]
 enum Field<'a> {
@@ -397,6 +411,87 @@ impl SealedStore {
             changed.insert(name.clone(), format!("{marker}{}", change(name, value)?));
         }
         serde_json::to_string(&changed).map_err(|error| StoreError::with_source("the steps do not serialize", error))
+    }
+
+    /// `record`, as the wrapped store holds it, with every value sealed with another key
+    /// than the ring's current one opened and sealed again with the current key (and,
+    /// with [`accept_unsealed`](Self::accept_unsealed), every value not sealed yet
+    /// sealed); `None` when there is nothing to change. A value that does not open is
+    /// an error ([`StoreError::is_unreadable`]).
+    pub fn reseal(&self, record: &Record) -> Result<Option<Record>, StoreError> {
+        let current = self
+            .ring
+            .current()
+            .map_err(|error| StoreError::with_source("no key to seal with", error))?;
+        let (biz, key) = (record.biz.as_str(), record.key.as_str());
+        let mut changed = false;
+        let mut again = |field: Field<'_>, stored: &str| -> Result<String, StoreError> {
+            let sealed_with = stored
+                .strip_prefix(SEALED_PREFIX)
+                .and_then(|sealed| sealed.split_once(':'))
+                .map(|(id, _)| id);
+            if sealed_with == Some(current.id()) {
+                return Ok(stored.to_owned());
+            }
+            let opened = self
+                .open(biz, key, field, stored)
+                .map_err(|error| StoreError::unreadable(biz, key, error))?;
+            changed = true;
+            self.seal(biz, key, field, &opened)
+        };
+        let mut resealed = record.clone();
+        let fields = [
+            (Field::Response(record.fence), &mut resealed.response_body),
+            (Field::Error(record.fence), &mut resealed.error_message),
+            (Field::Request, &mut resealed.request_body),
+        ];
+        for (field, value) in fields {
+            if let Some(stored) = value.as_deref() {
+                *value = Some(again(field, stored)?);
+            }
+        }
+        if let Some(steps) = record.steps.as_deref() {
+            resealed.steps = Some(self.each_step(steps, |name, value| again(Field::Step(name), value))?);
+        }
+        Ok(changed.then_some(resealed))
+    }
+
+    /// Re-seal, with the ring's current key, every record of `pages` — the store this
+    /// one wraps, walked — that holds a value sealed with another key: `batch` records
+    /// at a time, each rewritten only if it is still as it was read (a call that wrote
+    /// it meanwhile is left alone, and counted); `progress` is told after each page.
+    ///
+    /// Rotate in three steps: give every process the new key as current (the old one
+    /// retired, still opening), run this, then drop the old key from the rings. A
+    /// record written meanwhile by a process still sealing with the old key is counted
+    /// in [`Rekeyed::changed_meanwhile`] or sealed with the old key: run it again once
+    /// every process seals with the new one, until it re-seals nothing.
+    pub async fn rekey(
+        &self,
+        pages: &dyn RecordPages,
+        batch: u32,
+        mut progress: impl FnMut(&Rekeyed) + Send,
+    ) -> Result<Rekeyed, StoreError> {
+        let mut done = Rekeyed::default();
+        let mut cursor = String::new();
+        loop {
+            let page = pages.page(&cursor, batch.max(1)).await?;
+            let mut rewrites = Vec::new();
+            for record in page.records {
+                done.scanned += 1;
+                if let Some(with) = self.reseal(&record)? {
+                    rewrites.push(Rewrite { read: record, with });
+                }
+            }
+            let replaced = pages.replace_values(&rewrites).await?;
+            done.resealed += replaced;
+            done.changed_meanwhile += rewrites.len() as u64 - replaced;
+            progress(&done);
+            match page.next {
+                Some(next) => cursor = next,
+                None => return Ok(done),
+            }
+        }
     }
 
     /// `record`, as the wrapped store returned it, with every sealed value opened: for a

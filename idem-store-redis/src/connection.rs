@@ -71,7 +71,7 @@ impl Connection {
 }
 
 /// One primary: the single server (`None`) or a cluster node's address.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Primary(Option<(String, u16)>);
 
 /// The `host`, `port` of every connected primary in a `CLUSTER NODES` answer.

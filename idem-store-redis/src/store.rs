@@ -35,6 +35,8 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/claim
 static WRITE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/write.lua")));
 /// The deletion of one expired record.
 static PURGE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/purge.lua")));
+/// A record's values rewritten if it is as it was read.
+static REPLACE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/replace.lua")));
 /// The erasure of one record of a data subject.
 static ERASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/erase.lua")));
 
@@ -486,6 +488,58 @@ impl RedisStore {
             }
         }
         Ok(total)
+    }
+}
+
+/// Records a `SCAN` page at a time, primary after primary (in address order); the cursor
+/// is the primary's place in that order, `:`, and its `SCAN` cursor.
+#[async_trait::async_trait]
+impl idem_runtime::pages::RecordPages for RedisStore {
+    async fn page(&self, cursor: &str, _limit: u32) -> Result<idem_runtime::pages::Page, StoreError> {
+        let mut primaries = self.conn.primaries().await.map_err(|e| failed("page (scan)", e))?;
+        primaries.sort();
+        let (at, scan) = cursor.split_once(':').unwrap_or(("0", "0"));
+        let bad = || StoreError::new(format!("the page cursor {cursor:?} is not one this store gave"));
+        let (at, scan): (usize, u64) = (at.parse().map_err(|_| bad())?, scan.parse().map_err(|_| bad())?);
+        let Some(primary) = primaries.get(at) else {
+            return Ok(idem_runtime::pages::Page::default());
+        };
+        let (next, keys) = self.scan(primary, scan, "page (scan)").await?;
+        let mut records = Vec::with_capacity(keys.len());
+        for (biz, key) in keys.iter().filter_map(|k| self.record_id(k)) {
+            records.extend(self.get(biz, key).await?);
+        }
+        let next = match next {
+            0 if at + 1 < primaries.len() => Some(format!("{}:0", at + 1)),
+            0 => None,
+            scan => Some(format!("{at}:{scan}")),
+        };
+        Ok(idem_runtime::pages::Page { records, next })
+    }
+
+    /// A script per record (a page's records may live on several nodes).
+    async fn replace_values(&self, rewrites: &[idem_runtime::pages::Rewrite]) -> Result<u64, StoreError> {
+        let value = |value: &Option<String>| value.clone().unwrap_or_default();
+        let mut replaced = 0;
+        for idem_runtime::pages::Rewrite { read, with } in rewrites {
+            let mut invocation = REPLACE.prepare_invoke();
+            invocation
+                .key(self.record_key(&read.biz, &read.key))
+                .arg(read.fence.to_string())
+                .arg(micros(read.created_at).to_string())
+                .arg(read.status.as_str());
+            for record in [read, with] {
+                invocation
+                    .arg(value(&record.request_body))
+                    .arg(value(&record.response_body))
+                    .arg(value(&record.error_message))
+                    .arg(value(&record.steps));
+            }
+            replaced += self
+                .run::<u64>("replace_values", (&read.biz, &read.key), &invocation)
+                .await?;
+        }
+        Ok(replaced)
     }
 }
 

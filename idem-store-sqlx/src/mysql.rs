@@ -30,7 +30,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{strippable, ServerClock, StatementClock, STRIPPED};
-use crate::store_api::impl_store_api;
+use crate::store_api::{impl_record_pages, impl_store_api};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
 use crate::transaction::impl_transaction_database;
@@ -476,6 +476,7 @@ impl Dialect for MySqlStore {
 
 impl_idempotency_store!(MySqlStore, sqlx::MySql);
 impl_store_api!(MySqlStore, sqlx::MySql);
+impl_record_pages!(MySqlStore);
 impl_transaction_database!(MySqlStore, sqlx::MySql, "MySQL");
 
 const EXACT_KEY: &str =

@@ -14,7 +14,7 @@ use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{insert_if_absent, strippable, upsert_on_conflict, ServerClock, StatementClock, STRIPPED};
-use crate::store_api::impl_store_api;
+use crate::store_api::{impl_record_pages, impl_store_api};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
 use crate::transaction::impl_transaction_database;
@@ -322,6 +322,7 @@ impl Dialect for PostgresStore {
 
 impl_idempotency_store!(PostgresStore, sqlx::Postgres);
 impl_store_api!(PostgresStore, sqlx::Postgres);
+impl_record_pages!(PostgresStore);
 impl_transaction_database!(PostgresStore, sqlx::Postgres, "PostgreSQL");
 
 const EXACT_KEY: &str =

@@ -12,7 +12,7 @@ use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::granted_lease;
 use crate::shape::{Column, Need, UniqueKey};
 use crate::statements::{strippable, upsert_on_conflict, ServerClock, StatementClock, STRIPPED};
-use crate::store_api::impl_store_api;
+use crate::store_api::{impl_record_pages, impl_store_api};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
 use crate::transaction::impl_transaction_database;
@@ -302,6 +302,7 @@ impl Dialect for SqliteStore {
 
 impl_idempotency_store!(SqliteStore, sqlx::Sqlite);
 impl_store_api!(SqliteStore, sqlx::Sqlite);
+impl_record_pages!(SqliteStore);
 impl_transaction_database!(SqliteStore, sqlx::Sqlite, "SQLite");
 
 const TEXT: &str = "TEXT";

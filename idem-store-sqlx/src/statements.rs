@@ -94,6 +94,12 @@ pub(crate) struct Statements {
     pub forget_failed: String,
     /// Strips the finished records of a subject to erased tombstones. Binds: subject.
     pub erase_subject: String,
+    /// Records after a `(biz, key)`, in that order. Binds: biz, biz, key, limit.
+    pub page: String,
+    /// A record's values rewritten if it is as it was read. Binds: the four new values
+    /// (request, response, error, steps), biz, key, fence, created at, status, the four
+    /// values read.
+    pub replace_values: String,
 }
 
 const HELD: &str = "biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = 'PROCESSING'";
@@ -188,6 +194,16 @@ impl Statements {
             )),
             forget_failed: sql(format!(
                 "DELETE FROM {table} WHERE biz_type = ? AND idempotent_key = ? AND status = 'FAIL'"
+            )),
+            page: sql(format!(
+                "SELECT {columns} FROM {table} WHERE biz_type > ? OR (biz_type = ? AND idempotent_key > ?) \
+                 ORDER BY biz_type, idempotent_key LIMIT ?"
+            )),
+            replace_values: sql(format!(
+                "UPDATE {table} SET request_body = ?, response_body = ?, error_message = ?, steps = ? \
+                 WHERE biz_type = ? AND idempotent_key = ? AND fence = ? AND created_at = ? AND status = ? \
+                 AND COALESCE(request_body, '') = COALESCE(?, '') AND COALESCE(response_body, '') = COALESCE(?, '') \
+                 AND COALESCE(error_message, '') = COALESCE(?, '') AND COALESCE(steps, '') = COALESCE(?, '')"
             )),
             erase_subject: sql(format!(
                 "UPDATE {table} SET {STRIPPED}, tombstone = 'ERASED' WHERE subject = ? AND status <> 'PROCESSING' \

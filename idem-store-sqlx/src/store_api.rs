@@ -278,4 +278,63 @@ macro_rules! impl_store_api {
     };
 }
 
-pub(crate) use impl_store_api;
+/// [`RecordPages`](idem_runtime::pages::RecordPages) on a SQL store: `(biz, key)` order,
+/// the cursor the last record's biz, a new line and its key (neither holds a control
+/// character).
+macro_rules! impl_record_pages {
+    ($store:ty) => {
+        #[async_trait::async_trait]
+        impl idem_runtime::pages::RecordPages for $store {
+            async fn page(&self, cursor: &str, limit: u32) -> Result<idem_runtime::pages::Page, idem_runtime::StoreError> {
+                let (biz, key) = cursor.split_once('\n').unwrap_or(("", ""));
+                let query = sqlx::query(&self.parts.sql.page)
+                    .bind(biz)
+                    .bind(biz)
+                    .bind(key)
+                    .bind(i64::from(limit));
+                let records = self.list("page", query).await?;
+                let next = (records.len() == limit as usize)
+                    .then(|| records.last().map(|r| format!("{}\n{}", r.biz, r.key)))
+                    .flatten();
+                Ok(idem_runtime::pages::Page { records, next })
+            }
+
+            /// The rewrites of a page in one transaction.
+            async fn replace_values(
+                &self,
+                rewrites: &[idem_runtime::pages::Rewrite],
+            ) -> Result<u64, idem_runtime::StoreError> {
+                let failed = |e| crate::error::driver_error("replace_values", e);
+                let replace = || async {
+                    let mut tx = self.parts.pool.begin().await.map_err(failed)?;
+                    let mut replaced = 0;
+                    for idem_runtime::pages::Rewrite { read, with } in rewrites {
+                        let done = sqlx::query(&self.parts.sql.replace_values)
+                            .bind(with.request_body.as_deref())
+                            .bind(with.response_body.as_deref())
+                            .bind(with.error_message.as_deref())
+                            .bind(with.steps.as_deref())
+                            .bind(read.biz.as_str())
+                            .bind(read.key.as_str())
+                            .bind(i64::try_from(read.fence).unwrap_or(i64::MAX))
+                            .bind(Self::stamp(read.created_at))
+                            .bind(read.status.as_str())
+                            .bind(read.request_body.as_deref())
+                            .bind(read.response_body.as_deref())
+                            .bind(read.error_message.as_deref())
+                            .bind(read.steps.as_deref())
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(failed)?;
+                        replaced += <Self as crate::dialect::Dialect>::rows_changed(&done);
+                    }
+                    tx.commit().await.map_err(failed)?;
+                    Ok(replaced)
+                };
+                crate::rollback::retrying(replace).await
+            }
+        }
+    };
+}
+
+pub(crate) use {impl_record_pages, impl_store_api};
