@@ -33,7 +33,7 @@ use crate::observe;
 /// | the handler answered | the delivery is |
 /// |---|---|
 /// | `Ok` (the body ran and its outcome is recorded, or the first answer replayed) | acked |
-/// | `Error::Duplicate` (`mode = Reject`), `Error::Expired` or `Error::Erased` (a tombstone: the message ran before, its answer expired or its subject was erased) | acked |
+/// | `Error::Duplicate` (`mode = Reject`), `Error::AnswerNotKept` (only a digest kept), `Error::Expired` or `Error::Erased` (a tombstone: the message ran before, its answer expired or its subject was erased) | acked |
 /// | `Error::InProgress` (another consumer has it), `Store`, `LeaseLost`, `Decode`, `NoStore` | not acked: requeued after [`redeliver_after`](Self::redeliver_after) |
 /// | `Error::OutcomeUnknown` (a step failed closed: its effect may have happened) | not acked: requeued after the pause, every time, until an operator settles the record (`idem settle`); then the next delivery replays or runs. The message is never dropped or dead-lettered while nobody knows whether it took effect |
 /// | the body's own error (its claim released: `on_error = Release`), or a panic in the handler | not acked: requeued after the pause, and runs again — at most [`max_attempts`](Self::max_attempts) times, then the [`OnFailure`] policy |

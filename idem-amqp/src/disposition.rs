@@ -104,9 +104,11 @@ impl Disposition {
         match error {
             // `mode = Reject`: a finished duplicate. Its outcome is recorded. A
             // tombstone (its answer expired, or its subject erased): it ran long ago.
-            Error::Duplicate { .. } | Error::TokenSpent { .. } | Error::Expired { .. } | Error::Erased { .. } => {
-                Disposition::Ack
-            }
+            Error::Duplicate { .. }
+            | Error::AnswerNotKept { .. }
+            | Error::TokenSpent { .. }
+            | Error::Expired { .. }
+            | Error::Erased { .. } => Disposition::Ack,
             Error::PreviousFailed { .. }
             | Error::PayloadMismatch { .. }
             | Error::InvalidKey { .. }

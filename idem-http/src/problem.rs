@@ -23,8 +23,10 @@ pub enum Problem {
     /// to try again.
     InProgress,
     /// 409: the first request with this key was answered with a response that was not
-    /// kept whole (a stream, one larger than the layer records, or a stream its client
-    /// stopped reading): it ran once, and its response cannot be given again. Every
+    /// kept whole (a stream, one larger than the layer records, a stream its client
+    /// stopped reading, or a response of an operation that keeps only a digest:
+    /// `Idempotent::keep_answer(false)`): it ran once, and its response cannot be given
+    /// again. Every
     /// retry with the key gets this until the operation's `ttl` ends the record: ask for
     /// the outcome another way, or send a new key to run the request again.
     NotReplayable,
@@ -121,9 +123,9 @@ impl Problem {
                 "the first request with this Idempotency-Key is still being processed; retry after Retry-After"
             }
             Problem::NotReplayable => {
-                "the first request with this Idempotency-Key was processed, and its response was streamed or too \
-                 large to keep; it is not run again: ask for its outcome another way, or send a new key to run \
-                 it again"
+                "the first request with this Idempotency-Key was processed, and its response is not kept (it was \
+                 streamed, too large, or is kept only as a digest); it is not run again: ask for its outcome \
+                 another way, or send a new key to run it again"
             }
             Problem::OutcomeUnknown => {
                 "the first request with this Idempotency-Key may have taken effect, and whether it did is \

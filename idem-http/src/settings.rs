@@ -103,6 +103,7 @@ impl Settings {
             Error::InvalidKey { .. } => Problem::KeyMalformed,
             Error::OutcomeUnknown { .. } => Problem::OutcomeUnknown,
             Error::Expired { .. } => Problem::Expired,
+            Error::AnswerNotKept { .. } => Problem::NotReplayable,
             Error::Erased { .. } => Problem::Erased,
             _ if ran => Problem::NotRecorded,
             Error::Store { .. } => Problem::StoreUnavailable,

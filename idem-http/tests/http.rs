@@ -411,6 +411,20 @@ macro_rules! http_suite {
             assert_eq!(server.runs(), 1, "not run again");
         }
 
+        /// An operation that keeps only a digest of its answer: a retry is 409, the
+        /// handler ran once.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_retry_of_a_request_whose_response_is_kept_as_a_digest_is_409() {
+            let digest = Idempotent::new(conformance::unique("http.digest")).keep_answer(false);
+            let Some((server, _)) = server(digest, Duration::ZERO).await else { return };
+            let key = conformance::unique("k");
+            assert_eq!(Answer::of(server.pay("acme", Some(&key), &payment(100))).await.status, 201);
+            let retry = Answer::of(server.pay("acme", Some(&key), &payment(100))).await;
+            retry.assert_problem(409, "kept only as a digest");
+            assert_eq!(retry.json()["type"], "urn:idem:problem:response-not-replayable");
+            assert_eq!(server.runs(), 1, "not run again");
+        }
+
         /// Behind the layer on a sealed store: the response is replayed, and the table
         /// holds none of it in clear.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

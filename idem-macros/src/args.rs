@@ -14,7 +14,7 @@ use syn::{Expr, ExprLit, Ident, Lit, LitStr, Meta, Path};
 
 use crate::duration::parse_millis;
 
-const OPTIONS: [&str; 17] = [
+const OPTIONS: [&str; 19] = [
     "key",
     "biz",
     "ttl",
@@ -27,6 +27,8 @@ const OPTIONS: [&str; 17] = [
     "wait",
     "payload",
     "keep_request",
+    "keep_answer",
+    "redact",
     "subject",
     "after_expiry",
     "store",
@@ -270,6 +272,10 @@ pub struct Args {
     pub payload: Option<Expr>,
     /// `keep_request = true`.
     pub keep_request: bool,
+    /// `keep_answer = false`: only a digest of the answer.
+    pub digest_only: bool,
+    /// `redact = ["/card/number"]`: the JSON pointers recorded as redacted.
+    pub redact: Vec<LitStr>,
     /// The data subject's expression.
     pub subject: Option<Expr>,
     /// `after_expiry = Gone("30d")`: the tombstone's window.
@@ -331,6 +337,8 @@ impl Args {
                     options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
                 }
                 "keep_request" => options.keep_request = errors.handle(keep_request(value)),
+                "keep_answer" => options.keep_answer = errors.handle(keep_answer(value)),
+                "redact" => options.redact = errors.handle(redact(value)).unwrap_or_default(),
                 "subject" => {
                     options.subject = errors.handle(expression(
                         "subject",
@@ -396,6 +404,8 @@ impl Args {
             outcome_policy_required: options.outcome_policy.is_some(),
             payload: options.payload,
             keep_request: options.keep_request.is_some_and(|(keep, _)| keep),
+            digest_only: options.keep_answer == Some(false),
+            redact: options.redact,
             subject: options.subject,
             gone_for: options.gone_for,
             store: options.store,
@@ -422,6 +432,8 @@ struct Options {
     payload: Option<Expr>,
     /// The value, and where it was written.
     keep_request: Option<(bool, Span)>,
+    keep_answer: Option<bool>,
+    redact: Vec<LitStr>,
     subject: Option<Expr>,
     gone_for: Option<Millis>,
     store: Option<Expr>,
@@ -440,6 +452,51 @@ fn keep_request(value: &Expr) -> darling::Result<(bool, Span)> {
         )
         .with_span(other)),
     }
+}
+
+/// `keep_answer = true` or `false`.
+fn keep_answer(value: &Expr) -> darling::Result<bool> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Bool(keep), ..
+        }) => Ok(keep.value),
+        other => Err(Error::custom(
+            "`keep_answer` is `true` (the answer is kept and replayed, the default) or `false` (only its digest: \
+             a duplicate gets `Error::AnswerNotKept`)",
+        )
+        .with_span(other)),
+    }
+}
+
+/// `redact = ["/card/number", "/address"]`: JSON pointers, each a string literal
+/// starting with `/`.
+fn redact(value: &Expr) -> darling::Result<Vec<LitStr>> {
+    let hint = "`redact` is a list of JSON pointers to the fields recorded as \"[redacted]\", such as \
+                `redact = [\"/card/number\"]`";
+    let Expr::Array(list) = value else {
+        return Err(Error::custom(hint).with_span(value));
+    };
+    let mut errors = Error::accumulator();
+    let mut pointers = Vec::new();
+    for element in &list.elems {
+        match element {
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(pointer), ..
+            }) if pointer.value().starts_with('/') => pointers.push(pointer.clone()),
+            Expr::Lit(ExprLit {
+                lit: Lit::Str(pointer), ..
+            }) => errors.push(
+                Error::custom(format!(
+                    "`{}` is not a JSON pointer: write the field's path from the root, such as `\"/{}\"`",
+                    pointer.value(),
+                    pointer.value().replace('.', "/")
+                ))
+                .with_span(pointer),
+            ),
+            other => errors.push(Error::custom(hint).with_span(other)),
+        }
+    }
+    errors.finish_with(pointers)
 }
 
 /// The options that mean nothing, or something unsafe, beside `tx = ...`: each an

@@ -70,6 +70,11 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let mode = args.mode.map(|variant| quote!(.mode(#private::Mode::#variant)));
     let outcome_policy = args.outcome_policy_required.then(|| quote!(.require_outcome_policy()));
     let keep_request = args.keep_request.then(|| quote!(.keep_request(true)));
+    let keep_answer = args.digest_only.then(|| quote!(.keep_answer(false)));
+    let redact = (!args.redact.is_empty()).then(|| {
+        let pointers = &args.redact;
+        quote!(.redact([#(#pointers),*]))
+    });
     let after_expiry = args
         .gone_for
         .map(|Millis(ms, _)| quote!(.after_expiry(#private::AfterExpiry::Gone(#private::Duration::from_millis(#ms)))));
@@ -149,7 +154,7 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let statements = quote! {
             #duration_checks
             #key_stmt
-            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy #keep_request #after_expiry;
+            let __idem_op = #private::Idempotent::new(#biz) #duration_setters #mode #on_error #outcome_policy #keep_request #keep_answer #redact #after_expiry;
             #ttl_expr
             #payload
             #subject

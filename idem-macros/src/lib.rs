@@ -104,6 +104,12 @@ mod item;
 /// - `keep_request` (default `false`): `true` keeps the payload's JSON in the record too
 ///   (up to `idem::MAX_REQUEST_BODY` bytes), for an operator reading the record and for
 ///   the HTTP layer's answer naming the fields that differ. Needs `payload`.
+/// - `keep_answer` (default `true`): `false` keeps only a digest of the answer: a
+///   duplicate learns the call succeeded (it never runs again) but gets
+///   `idem::Error::AnswerNotKept` instead of the answer. For one-time credentials.
+/// - `redact` (default: none): JSON pointers of fields of the answer (and of a kept
+///   request) recorded as `"[redacted]"`: `redact = ["/card/number"]`. A duplicate gets
+///   the answer with those fields so written, so they must accept a string (a `String`).
 /// - `subject` (default: none): an expression (its value `Display`) naming the person the
 ///   call is about, so that `idem::subject::erase` (and `idem erase --subject`) can
 ///   remove what the record keeps of them; only a keyed hash of it is stored (the key is

@@ -116,6 +116,18 @@ pub enum Error {
         /// Idempotency key.
         key: String,
     },
+    /// The key already succeeded, and its operation keeps only a digest of the answer
+    /// ([`Idempotent::keep_answer(false)`](crate::Idempotent::keep_answer)): the call is
+    /// not run again, and its answer cannot be given again.
+    #[error(
+        "biz `{biz}` key `{key}` has already succeeded; only a digest of its answer is kept, so it is not replayed"
+    )]
+    AnswerNotKept {
+        /// Business namespace.
+        biz: String,
+        /// Idempotency key.
+        key: String,
+    },
     /// The key was first used with another payload.
     #[error("biz `{biz}` key `{key}` was first used with a different payload")]
     PayloadMismatch {

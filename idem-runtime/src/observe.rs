@@ -9,7 +9,7 @@
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
-//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`), `in_progress`, `payload_mismatch`, `previous_failed`, `gone` (a tombstone: expired or erased), `outcome_unknown` (a duplicate of an unsettled record, or a call that failed closed), `store_error`, `invalid` |
+//! | `idem_calls_total` | counter | `biz`, `outcome`: `executed`, `failed` (the body returned `Err`), `replayed`, `rejected` (`Mode::Reject`, or an answer of which only a digest is kept), `in_progress`, `payload_mismatch`, `previous_failed`, `gone` (a tombstone: expired or erased), `outcome_unknown` (a duplicate of an unsettled record, or a call that failed closed), `store_error`, `invalid` |
 //! | `idem_waits_total` | counter | `biz`: duplicates that waited for a running call |
 //! | `idem_takeovers_total` | counter | `biz`: claims that took a record over after its lease |
 //! | `idem_lease_lost_total` | counter | `biz`: holders whose outcome was refused by the fence |
@@ -112,7 +112,7 @@ impl Outcome {
     /// The outcome of a call that ended with `error` before its body ran.
     pub(crate) fn refused(error: &Error) -> Self {
         match error {
-            Error::Duplicate { .. } => Outcome::Rejected,
+            Error::Duplicate { .. } | Error::AnswerNotKept { .. } => Outcome::Rejected,
             Error::InProgress { .. } => Outcome::InProgress,
             Error::PayloadMismatch { .. } => Outcome::PayloadMismatch,
             Error::PreviousFailed { .. } => Outcome::PreviousFailed,

@@ -12,6 +12,7 @@ use crate::default_store::{installed, IntoSharedStore};
 use crate::error::Error;
 use crate::fingerprint::fingerprint;
 use crate::policy::{Mode, OnError};
+use crate::replay::{pointer_problem, Kept};
 use crate::retention::{AfterExpiry, Retention};
 use crate::store::IdempotencyStore;
 
@@ -60,6 +61,8 @@ pub struct Idempotent {
     pub(crate) payload: Option<Result<Payload, Arc<dyn std::error::Error + Send + Sync>>>,
     /// Keep the payload's JSON in the record beside its fingerprint.
     pub(crate) keep_request: bool,
+    /// What of the answer (and of a kept request) is recorded.
+    pub(crate) kept: Kept,
     /// The keyed hash of the call's data subject, when one was named.
     pub(crate) subject: Option<String>,
     /// What a retry after the record's `ttl` gets.
@@ -95,6 +98,7 @@ impl Idempotent {
             wait: None,
             payload: None,
             keep_request: false,
+            kept: Kept::default(),
             subject: None,
             after_expiry: AfterExpiry::NewRequest,
             invalid: None,
@@ -230,12 +234,38 @@ impl Idempotent {
         self
     }
 
-    pub(crate) fn request_body(&self) -> Option<&str> {
+    /// Keep the answer itself (`true`, the default), or only its digest (`false`):
+    /// a duplicate then learns that the call succeeded — it never runs again — but gets
+    /// [`Error::AnswerNotKept`] instead of the answer (behind the HTTP layer, 409
+    /// `urn:idem:problem:response-not-replayable`). For answers that must not be kept
+    /// at all (one-time credentials, statements).
+    pub fn keep_answer(mut self, keep: bool) -> Self {
+        self.kept.digest_only = !keep;
+        self
+    }
+
+    /// Record the fields at these JSON pointers (RFC 6901: `/card/number`) of the answer
+    /// and of a kept request as `"[redacted]"`: a duplicate is answered with the rest,
+    /// and must deserialize with those fields so written (strings, or values that
+    /// accept one). A pointer that does not start with `/` makes every call fail with
+    /// [`Error::InvalidOption`] before anything is claimed.
+    pub fn redact<P: Into<String>>(mut self, pointers: impl IntoIterator<Item = P>) -> Self {
+        for pointer in pointers {
+            let pointer = pointer.into();
+            if let Some(reason) = pointer_problem(&pointer) {
+                self.invalid.get_or_insert(("redact", reason));
+            }
+            self.kept.redacted.push(pointer);
+        }
+        self
+    }
+
+    pub(crate) fn request_body(&self) -> Option<String> {
         if !self.keep_request {
             return None;
         }
         match &self.payload {
-            Some(Ok(payload)) => payload.request_body.as_deref(),
+            Some(Ok(payload)) => payload.request_body.clone().map(|json| self.kept.redact(json)),
             _ => None,
         }
     }

@@ -11,6 +11,7 @@
 
 use serde::de::{DeserializeOwned, Error as _};
 use serde::Serialize;
+use sha2::Digest as _;
 
 /// The JSON of `value`, once it is known to read back as the same value.
 pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
@@ -31,6 +32,56 @@ pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<Strin
     }
 }
 
+/// What a stored answer begins with when only its digest is kept.
+pub const DIGEST_PREFIX: &str = "idem:digest:sha256:";
+
+/// What a redacted value is recorded as.
+pub const REDACTED: &str = "[redacted]";
+
+/// What of an answer (and of a kept request) is recorded: all of it, its fields at
+/// some JSON pointers replaced by [`REDACTED`], or only a digest of the answer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Kept {
+    /// Only a digest of the answer.
+    pub(crate) digest_only: bool,
+    /// JSON pointers (RFC 6901) of the fields recorded as [`REDACTED`].
+    pub(crate) redacted: Vec<String>,
+}
+
+impl Kept {
+    /// What of `json` (an answer, or a request) is recorded: redacted where asked.
+    pub(crate) fn redact(&self, json: String) -> String {
+        if self.redacted.is_empty() {
+            return json;
+        }
+        let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&json) else {
+            return json;
+        };
+        for pointer in &self.redacted {
+            if let Some(field) = value.pointer_mut(pointer) {
+                *field = serde_json::Value::String(REDACTED.to_owned());
+            }
+        }
+        value.to_string()
+    }
+
+    /// What of the answer `json` is recorded: its digest, or the answer redacted.
+    pub(crate) fn answer(&self, json: String) -> String {
+        if !self.digest_only {
+            return self.redact(json);
+        }
+        let digest = sha2::Sha256::digest(json.as_bytes());
+        let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
+        format!("{DIGEST_PREFIX}{hex}")
+    }
+}
+
+/// Why a pointer cannot name a field to redact.
+pub(crate) fn pointer_problem(pointer: &str) -> Option<String> {
+    (!pointer.starts_with('/'))
+        .then(|| format!("`{pointer}` is not a JSON pointer to a field: write it as `/card/number` (RFC 6901)"))
+}
+
 /// The value of a stored response.
 pub(crate) fn decode<T: DeserializeOwned>(response: Option<&str>) -> Result<T, serde_json::Error> {
     match response {
@@ -44,6 +95,30 @@ mod tests {
     use serde::Deserialize;
 
     use super::*;
+
+    #[test]
+    fn a_kept_answer_is_redacted_or_only_digested() {
+        let json = r#"{"card":{"number":"4242","brand":"visa"},"cents":199}"#.to_owned();
+        let whole = Kept::default();
+        assert_eq!(whole.answer(json.clone()), json);
+        let redacted = Kept {
+            redacted: vec!["/card/number".into(), "/absent".into()],
+            ..Kept::default()
+        };
+        let kept: serde_json::Value = serde_json::from_str(&redacted.answer(json.clone())).unwrap();
+        assert_eq!(
+            kept,
+            serde_json::json!({"card": {"brand": "visa", "number": "[redacted]"}, "cents": 199})
+        );
+        let digest = Kept {
+            digest_only: true,
+            ..Kept::default()
+        }
+        .answer(json.clone());
+        assert!(digest.starts_with(DIGEST_PREFIX) && digest.len() == DIGEST_PREFIX.len() + 64);
+        assert!(!digest.contains("4242"));
+        assert!(pointer_problem("card").is_some() && pointer_problem("/card").is_none());
+    }
 
     #[test]
     fn values_that_replay_equal_are_encoded() {

@@ -17,7 +17,7 @@ use crate::observe;
 use crate::operation::Idempotent;
 use crate::policy::Mode;
 use crate::record::{Record, Status};
-use crate::replay::decode;
+use crate::replay::{decode, DIGEST_PREFIX};
 use crate::retention::Tombstone;
 use crate::step::unknown_error;
 use crate::unknown::unsettled;
@@ -46,6 +46,7 @@ impl Call<'_> {
     pub(super) async fn admit<T: DeserializeOwned>(&self, fingerprint: Option<&str>) -> Result<Admitted<T>, Error> {
         let deadline = self.op.wait.map(|wait| Instant::now() + wait);
         let admitting = Instant::now();
+        let request = self.op.request_body();
         loop {
             let claimed_at = Instant::now();
             let claim = Claim::new(
@@ -56,7 +57,7 @@ impl Call<'_> {
                 self.op.ttl,
             )
             .with_fingerprint(fingerprint)
-            .with_request_body(self.op.request_body());
+            .with_request_body(request.as_deref());
             let outcome = self
                 .store
                 .claim(&claim)
@@ -138,6 +139,14 @@ pub(crate) fn answer_finished<T: DeserializeOwned>(op: &Idempotent, key: &str, r
         None => {}
     }
     match (record.status, op.mode) {
+        (Status::Succeeded, Mode::ReturnFirst)
+            if record
+                .response_body
+                .as_deref()
+                .is_some_and(|answer| answer.starts_with(DIGEST_PREFIX)) =>
+        {
+            Err(error_of(op, key, |biz, key| Error::AnswerNotKept { biz, key }))
+        }
         (Status::Succeeded, Mode::ReturnFirst) => decode(record.response_body.as_deref()).map_err(|source| {
             error_of(op, key, |biz, key| Error::Decode {
                 biz,

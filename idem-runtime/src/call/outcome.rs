@@ -239,7 +239,7 @@ where
 {
     match outcome {
         Ok(value) => match encode(&value) {
-            Ok(json) => (Verdict::Succeeded(json), Ok(value)),
+            Ok(json) => (Verdict::Succeeded(op.kept.answer(json)), Ok(value)),
             Err(source) => {
                 let message = bounded(format!("the response could not be recorded: {source}"));
                 let error = error_of(op, key, |biz, key| Error::Encode {

@@ -131,9 +131,10 @@ impl Idempotent {
                     .to_owned(),
             });
         }
+        let request = self.request_body();
         let claim = Claim::new(&self.biz, &key, clock::now(), self.stored_lease(), self.ttl)
             .with_fingerprint(fingerprint)
-            .with_request_body(self.request_body());
+            .with_request_body(request.as_deref());
         let outcome = store
             .claim(&claim, self.wait)
             .await

@@ -106,6 +106,7 @@ macro_rules! __every_scenario {
                 a_tombstone_answers_gone_until_its_window_ends,
                 without_a_window_an_expired_key_is_a_new_request,
                 an_erased_subject_is_answered_erased_and_never_run,
+                what_is_not_kept_is_never_replayed_nor_run_again,
             ],
             tokens [
                 concurrent_consumers_have_one_winner,

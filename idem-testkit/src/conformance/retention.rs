@@ -177,3 +177,69 @@ pub async fn an_erased_subject_is_answered_erased_and_never_run(store: &Store) {
         "erased once"
     );
 }
+
+/// An operation that keeps only a digest of its answer: the store holds no part of it;
+/// a duplicate gets `AnswerNotKept` and never runs. Redacted fields of the answer and of
+/// a kept request are held as `"[redacted]"`, and the duplicate is answered with them so.
+pub async fn what_is_not_kept_is_never_replayed_nor_run_again(store: &Store) {
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Credential {
+        user: String,
+        secret: String,
+    }
+    let biz = unique("digest");
+    let runs = Runs::default();
+    let issue = |op: Idempotent, key: &'static str| {
+        let runs = &runs;
+        async move {
+            op.execute_on(store, key, async {
+                runs.hit();
+                Ok::<_, Error>(Credential {
+                    user: "ada".to_owned(),
+                    secret: "otp-918273".to_owned(),
+                })
+            })
+            .await
+        }
+    };
+    let digest = Idempotent::new(biz.clone()).keep_answer(false);
+    let first = issue(digest.clone(), "d").await.unwrap();
+    assert_eq!(first.secret, "otp-918273", "the caller gets its answer");
+    let kept = stored(store, &biz, "d").await;
+    assert!(
+        !kept.contains("otp") && !kept.contains("ada"),
+        "only a digest is kept: {kept}"
+    );
+    let again = issue(digest, "d").await;
+    assert!(matches!(again, Err(Error::AnswerNotKept { .. })), "{again:?}");
+    assert_eq!(runs.count(), 1, "not run again");
+
+    let redacted = Idempotent::new(biz.clone())
+        .redact(["/secret"])
+        .payload(&serde_json::json!({"user": "ada", "password": "hunter2"}))
+        .keep_request(true)
+        .redact(["/password"]);
+    assert_eq!(issue(redacted.clone(), "r").await.unwrap().secret, "otp-918273");
+    let kept = stored(store, &biz, "r").await;
+    assert!(!kept.contains("otp") && !kept.contains("hunter2"), "{kept}");
+    assert!(
+        kept.contains("[redacted]") && kept.contains("ada"),
+        "the rest is kept: {kept}"
+    );
+    let replayed = issue(redacted, "r").await.unwrap();
+    assert_eq!(
+        replayed,
+        Credential {
+            user: "ada".to_owned(),
+            secret: "[redacted]".to_owned()
+        }
+    );
+    assert_eq!(runs.count(), 2);
+    let refused = Idempotent::new(biz.clone()).redact(["secret"]);
+    let refused = issue(refused, "x").await;
+    assert!(
+        matches!(refused, Err(Error::InvalidOption { option: "redact", .. })),
+        "{refused:?}"
+    );
+    assert_eq!(runs.count(), 2, "a bad pointer runs nothing");
+}

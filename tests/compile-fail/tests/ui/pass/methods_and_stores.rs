@@ -59,4 +59,9 @@ async fn new_request(id: u32) -> Result<u32, idem::Error> {
     Ok(id)
 }
 
+#[idempotent(key = "id", biz = "pass.digest", keep_answer = false, redact = ["/secret", "/card/number"])]
+async fn one_time(id: u32) -> Result<u32, idem::Error> {
+    Ok(id)
+}
+
 fn main() {}
