@@ -849,7 +849,34 @@ fn rekey_over_100000(url: &str, table: &str, stamp: &str) {
                 }
             }};
         }
-        if url.starts_with("sqlite") {
+        if url.starts_with("redis") {
+            let store = idem_store_redis::RedisStore::connect(url).await.unwrap();
+            let client = idem_store_redis::redis::Client::open(url).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let _: () = idem_store_redis::redis::cmd("FLUSHDB").query_async(&mut conn).await.unwrap();
+            let micros = |at: std::time::SystemTime| at.duration_since(UNIX_EPOCH).unwrap().as_micros().to_string();
+            let far = micros(now + Duration::from_secs(30 * 86_400));
+            for chunk in records.chunks(1000) {
+                let mut pipe = idem_store_redis::redis::pipe();
+                for record in chunk {
+                    let created = micros(record.created_at);
+                    pipe.hset_multiple(
+                        store.record_key(&record.biz, &record.key),
+                        &[
+                            ("status", "SUCCESS"),
+                            ("fence", &record.fence.to_string()),
+                            ("created_at", &created),
+                            ("lease_until", &created),
+                            ("completed_at", &created),
+                            ("expires_at", &far),
+                            ("response_body", record.response_body.as_deref().unwrap()),
+                        ],
+                    )
+                    .ignore();
+                }
+                let _: () = pipe.query_async(&mut conn).await.unwrap();
+            }
+        } else if url.starts_with("sqlite") {
             bulk!(sqlx::SqlitePool, sqlx::Sqlite);
         } else if url.starts_with("postgres") {
             bulk!(sqlx::PgPool, sqlx::Postgres);
@@ -906,6 +933,7 @@ fn rekey_over_100000(url: &str, table: &str, stamp: &str) {
                     .with_table_name(table)
                     .unwrap(),
             ),
+            "redis" => Arc::new(idem_store_redis::RedisStore::connect(url).await.unwrap()),
             _ => Arc::new(
                 idem_store_sqlx::MySqlStore::connect(url)
                     .await
@@ -959,6 +987,16 @@ fn rekey_reseals_100000_records_on_mariadb() {
     let table = unique("idem_rekey");
     runtime_migrate(&url, &table);
     rekey_over_100000(&url, &table, "'2020-01-01 00:00:00'");
+}
+
+/// On a Redis database of its own (the walk covers every record in it).
+#[test]
+fn rekey_reseals_100000_records_on_redis() {
+    let Some(url) = server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let url = format!("{}/7", url.rsplit_once('/').map_or(url.as_str(), |(base, _)| base));
+    rekey_over_100000(&url, "idempotent_record", "");
 }
 
 /// Create `table` at `url` with the command.
