@@ -336,8 +336,21 @@ impl Args {
                 "payload" => {
                     options.payload = errors.handle(expression("payload", value, "the request, such as \"req\""))
                 }
-                "keep_request" => options.keep_request = errors.handle(keep_request(value)),
-                "keep_answer" => options.keep_answer = errors.handle(keep_answer(value)),
+                "keep_request" => {
+                    options.keep_request = errors.handle(flag(
+                        value,
+                        "keep_request",
+                        "`true` (keep the payload's JSON in the record beside its fingerprint) or `false`",
+                    ))
+                }
+                "keep_answer" => {
+                    options.keep_answer = errors.handle(flag(
+                        value,
+                        "keep_answer",
+                        "`true` (the answer is kept and replayed, the default) or `false` (only its digest: a \
+                         duplicate gets `Error::AnswerNotKept`)",
+                    ))
+                }
                 "redact" => options.redact = errors.handle(redact(value)).unwrap_or_default(),
                 "subject" => {
                     options.subject = errors.handle(expression(
@@ -404,7 +417,7 @@ impl Args {
             outcome_policy_required: options.outcome_policy.is_some(),
             payload: options.payload,
             keep_request: options.keep_request.is_some_and(|(keep, _)| keep),
-            digest_only: options.keep_answer == Some(false),
+            digest_only: options.keep_answer.is_some_and(|(keep, _)| !keep),
             redact: options.redact,
             subject: options.subject,
             gone_for: options.gone_for,
@@ -432,7 +445,7 @@ struct Options {
     payload: Option<Expr>,
     /// The value, and where it was written.
     keep_request: Option<(bool, Span)>,
-    keep_answer: Option<bool>,
+    keep_answer: Option<(bool, Span)>,
     redact: Vec<LitStr>,
     subject: Option<Expr>,
     gone_for: Option<Millis>,
@@ -441,30 +454,14 @@ struct Options {
     krate: Option<Path>,
 }
 
-/// `keep_request = true` or `false`.
-fn keep_request(value: &Expr) -> darling::Result<(bool, Span)> {
+/// A flag option (`keep_request`, `keep_answer`): `true` or `false`, and where it was
+/// written; `meaning` says what each value does, for the error.
+fn flag(value: &Expr, option: &str, meaning: &str) -> darling::Result<(bool, Span)> {
     match value {
         Expr::Lit(ExprLit {
-            lit: Lit::Bool(keep), ..
-        }) => Ok((keep.value, keep.span())),
-        other => Err(Error::custom(
-            "`keep_request` is `true` (keep the payload's JSON in the record beside its fingerprint) or `false`",
-        )
-        .with_span(other)),
-    }
-}
-
-/// `keep_answer = true` or `false`.
-fn keep_answer(value: &Expr) -> darling::Result<bool> {
-    match value {
-        Expr::Lit(ExprLit {
-            lit: Lit::Bool(keep), ..
-        }) => Ok(keep.value),
-        other => Err(Error::custom(
-            "`keep_answer` is `true` (the answer is kept and replayed, the default) or `false` (only its digest: \
-             a duplicate gets `Error::AnswerNotKept`)",
-        )
-        .with_span(other)),
+            lit: Lit::Bool(flag), ..
+        }) => Ok((flag.value, flag.span())),
+        other => Err(Error::custom(format!("`{option}` is {meaning}")).with_span(other)),
     }
 }
 
