@@ -505,9 +505,15 @@ impl idem_runtime::pages::RecordPages for RedisStore {
             return Ok(idem_runtime::pages::Page::default());
         };
         let (next, keys) = self.scan(primary, scan, "page (scan)").await?;
-        let mut records = Vec::with_capacity(keys.len());
+        // The page's records read at once: the connection multiplexes them.
+        let mut reads = tokio::task::JoinSet::new();
         for (biz, key) in keys.iter().filter_map(|k| self.record_id(k)) {
-            records.extend(self.get(biz, key).await?);
+            let (store, biz, key) = (self.clone(), biz.to_owned(), key.to_owned());
+            reads.spawn(async move { store.get(&biz, &key).await });
+        }
+        let mut records = Vec::with_capacity(keys.len());
+        while let Some(read) = reads.join_next().await {
+            records.extend(read.map_err(|e| StoreError::with_source("page (read)", e))??);
         }
         let next = match next {
             0 if at + 1 < primaries.len() => Some(format!("{}:0", at + 1)),
@@ -517,29 +523,42 @@ impl idem_runtime::pages::RecordPages for RedisStore {
         Ok(idem_runtime::pages::Page { records, next })
     }
 
-    /// A script per record (a page's records may live on several nodes).
+    /// A script per record (a page's records may live on several nodes), sent at once.
     async fn replace_values(&self, rewrites: &[idem_runtime::pages::Rewrite]) -> Result<u64, StoreError> {
-        let value = |value: &Option<String>| value.clone().unwrap_or_default();
+        let mut writes = tokio::task::JoinSet::new();
+        for rewrite in rewrites {
+            let (store, rewrite) = (self.clone(), rewrite.clone());
+            writes.spawn(async move { store.replace_one(&rewrite).await });
+        }
         let mut replaced = 0;
-        for idem_runtime::pages::Rewrite { read, with } in rewrites {
-            let mut invocation = REPLACE.prepare_invoke();
-            invocation
-                .key(self.record_key(&read.biz, &read.key))
-                .arg(read.fence.to_string())
-                .arg(micros(read.created_at).to_string())
-                .arg(read.status.as_str());
-            for record in [read, with] {
-                invocation
-                    .arg(value(&record.request_body))
-                    .arg(value(&record.response_body))
-                    .arg(value(&record.error_message))
-                    .arg(value(&record.steps));
-            }
-            replaced += self
-                .run::<u64>("replace_values", (&read.biz, &read.key), &invocation)
-                .await?;
+        while let Some(written) = writes.join_next().await {
+            replaced += written.map_err(|e| StoreError::with_source("replace_values", e))??;
         }
         Ok(replaced)
+    }
+}
+
+impl RedisStore {
+    /// One rewrite of [`replace_values`](idem_runtime::pages::RecordPages::replace_values):
+    /// 1 when it was written.
+    async fn replace_one(&self, rewrite: &idem_runtime::pages::Rewrite) -> Result<u64, StoreError> {
+        let value = |value: &Option<String>| value.clone().unwrap_or_default();
+        let (read, with) = (&rewrite.read, &rewrite.with);
+        let mut invocation = REPLACE.prepare_invoke();
+        invocation
+            .key(self.record_key(&read.biz, &read.key))
+            .arg(read.fence.to_string())
+            .arg(micros(read.created_at).to_string())
+            .arg(read.status.as_str());
+        for record in [read, with] {
+            invocation
+                .arg(value(&record.request_body))
+                .arg(value(&record.response_body))
+                .arg(value(&record.error_message))
+                .arg(value(&record.steps));
+        }
+        self.run::<u64>("replace_values", (&read.biz, &read.key), &invocation)
+            .await
     }
 }
 
