@@ -22,7 +22,8 @@ use sha2::{Digest, Sha256};
 
 use idem_runtime::digest::hex;
 
-/// The application's name for a request's caller; `None` when it cannot tell.
+/// The application's name for something of a request (its caller, its data subject);
+/// `None` when it cannot tell.
 pub(crate) type CallerFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 /// How the layer tells callers apart.

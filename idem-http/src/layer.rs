@@ -147,6 +147,7 @@ impl IdempotencyLayer<CallerUnnamed> {
                 client_errors: ClientErrors::default(),
                 body_limit: DEFAULT_BODY_LIMIT,
                 retry_after: Duration::from_secs(1),
+                subject: None,
             }),
             caller: PhantomData,
         }
@@ -224,6 +225,16 @@ impl<C> IdempotencyLayer<C> {
     /// to a caller is still refused, whatever tenant it names.
     pub fn tenant_header(self, name: HeaderName) -> Self {
         self.with(|s| s.tenant_header = Some(name))
+    }
+
+    /// Name each request's data subject (the signed-in user, an account), so that
+    /// `idem::subject::erase` can remove what its records keep
+    /// ([`Idempotent::subject`](idem_runtime::Idempotent::subject): only a keyed hash is
+    /// stored). A retry of an erased request is answered 410
+    /// `urn:idem:problem:record-erased` and never runs the handler. `None`: the
+    /// request names no subject.
+    pub fn subject(self, subject: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.with(|s| s.subject = Some(crate::settings::SubjectOf(Arc::new(subject))))
     }
 
     /// Read the key from `header` instead of `Idempotency-Key` (e.g. `X-Request-Id`).

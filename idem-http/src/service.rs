@@ -129,7 +129,8 @@ type Slot<RB> = Arc<Mutex<Option<Response<IdempotencyBody<RB>>>>>;
 enum Admit<B> {
     Pass(Request<B>),
     Refuse(Problem, String),
-    Call(Scope, Request<IdempotencyBody<B>>),
+    /// The request's scope, the request, and its data subject when the layer names one.
+    Call(Scope, Request<IdempotencyBody<B>>, Option<String>),
 }
 
 /// One request through the layer: admitted, called, answered.
@@ -150,8 +151,8 @@ where
     RB::Error: Into<BoxError>,
 {
     let grpc = grpc::is_grpc(request.headers());
-    let (scope, request) = match admit(&settings, request).await {
-        Admit::Call(scope, request) => (scope, request),
+    let (scope, request, subject) = match admit(&settings, request).await {
+        Admit::Call(scope, request, subject) => (scope, request, subject),
         Admit::Pass(request) => {
             let response = inner.call(request.map(IdempotencyBody::passed)).await?;
             return Ok(response.map(IdempotencyBody::passed));
@@ -162,6 +163,10 @@ where
     // record is written when it ends, and its end reaches the client once the record
     // is written (or given up).
     let op = settings.op.clone().payload(&scope);
+    let op = match subject {
+        Some(subject) => op.subject(subject),
+        None => op,
+    };
     let first: Slot<RB> = Arc::default();
     let (streamed_tx, mut streamed_rx) = oneshot::channel();
     let (written_tx, written_rx) = oneshot::channel::<()>();
@@ -229,7 +234,8 @@ where
     let print = BodyPrint::of(&body, content_type, settings.body_fingerprint, &settings.ignored_fields);
     let target = parts.uri.path_and_query().map_or("/", |target| target.as_str());
     let scope = Scope::new(parts.method.as_str(), &route_of(&parts), target, tenant, key, print);
-    Admit::Call(scope, Request::from_parts(parts, IdempotencyBody::full(body)))
+    let subject = settings.subject.as_ref().and_then(|subject| (subject.0)(&parts));
+    Admit::Call(scope, Request::from_parts(parts, IdempotencyBody::full(body)), subject)
 }
 
 /// The answer to a call that ended: the handler's response when it ran here, the

@@ -33,6 +33,18 @@ pub(crate) struct Settings {
     pub(crate) client_errors: ClientErrors,
     pub(crate) body_limit: usize,
     pub(crate) retry_after: Duration,
+    /// The data subject of a request, when the layer names one.
+    pub(crate) subject: Option<SubjectOf>,
+}
+
+/// How a request's data subject is named: the application's function of the request.
+#[derive(Clone)]
+pub(crate) struct SubjectOf(pub(crate) crate::caller::CallerFn);
+
+impl std::fmt::Debug for SubjectOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SubjectOf(..)")
+    }
 }
 
 impl Settings {

@@ -425,6 +425,40 @@ macro_rules! http_suite {
             assert_eq!(server.runs(), 1, "not run again");
         }
 
+        /// A route that names each request's subject (here the tenant): after the
+        /// subject's erasure a retry is 410, the handler ran once; another subject's
+        /// retry still replays.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_retry_of_an_erased_subjects_request_is_410() {
+            use idem::subject::{self, SubjectKey};
+            let Some(url) = harness::backend_url($backend, "http") else { return };
+            let key = SubjectKey::new([21; 32]);
+            subject::install_key(key.clone());
+            let op = Idempotent::new(conformance::unique("http.erased"));
+            let mut plain = None;
+            let server = Server::start_with(&url, &conformance::unique("http"), Duration::ZERO, |store| {
+                plain = Some(store.clone());
+                layer(op, store).subject(|request| {
+                    String::from_utf8(request.headers.get("x-tenant")?.as_bytes().to_vec()).ok()
+                })
+            })
+            .await;
+            let (ada, bob) = (conformance::unique("ada"), conformance::unique("bob"));
+            let key_of = conformance::unique("k");
+            let first = Answer::of(server.pay(&ada, Some(&key_of), &payment(100))).await;
+            assert_eq!(first.status, 201, "{}", first.body);
+            let bobs = Answer::of(server.pay(&bob, Some(&key_of), &payment(100))).await;
+            assert_eq!(bobs.status, 201);
+            let erased = subject::erase(plain.unwrap().as_ref(), &key, &ada).await.unwrap();
+            assert_eq!(erased, 1);
+            let retry = Answer::of(server.pay(&ada, Some(&key_of), &payment(100))).await;
+            retry.assert_problem(410, "erased");
+            assert_eq!(retry.json()["type"], "urn:idem:problem:record-erased");
+            let bobs_retry = Answer::of(server.pay(&bob, Some(&key_of), &payment(100))).await;
+            assert_eq!((bobs_retry.status, &bobs_retry.body), (201, &bobs.body));
+            assert_eq!(server.runs(), 2, "neither ran again");
+        }
+
         /// Behind the layer on a sealed store: the response is replayed, and the table
         /// holds none of it in clear.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

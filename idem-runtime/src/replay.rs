@@ -11,7 +11,6 @@
 
 use serde::de::{DeserializeOwned, Error as _};
 use serde::Serialize;
-use sha2::Digest as _;
 
 /// The JSON of `value`, once it is known to read back as the same value.
 pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
@@ -70,9 +69,7 @@ impl Kept {
         if !self.digest_only {
             return self.redact(json);
         }
-        let digest = sha2::Sha256::digest(json.as_bytes());
-        let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
-        format!("{DIGEST_PREFIX}{hex}")
+        format!("{DIGEST_PREFIX}{}", crate::digest::sha256_hex(json))
     }
 }
 

@@ -117,11 +117,7 @@ impl SubjectKey {
     pub fn hash(&self, subject: &str) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.bytes).expect("HMAC takes a key of any length");
         mac.update(subject.as_bytes());
-        mac.finalize()
-            .into_bytes()
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
+        crate::digest::hex(&mac.finalize().into_bytes())
     }
 }
 
