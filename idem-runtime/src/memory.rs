@@ -252,12 +252,11 @@ impl IdempotencyStore for MemoryStore {
     }
 }
 
-/// Records in `(biz, key)` order; the cursor is the last one's `biz`, a new line, its
-/// key (neither holds a control character).
+/// Records in `(biz, key)` order ([`Page::by_key`]).
 #[async_trait]
 impl RecordPages for MemoryStore {
     async fn page(&self, cursor: &str, limit: u32) -> Result<Page, StoreError> {
-        let after = cursor.split_once('\n');
+        let after = Page::after_key(cursor);
         let guard = self.lock();
         let mut records: Vec<&Record> = guard
             .shelves
@@ -267,13 +266,7 @@ impl RecordPages for MemoryStore {
             .collect();
         records.sort_by(|a, b| (&a.biz, &a.key).cmp(&(&b.biz, &b.key)));
         records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        let next = (records.len() == limit as usize)
-            .then(|| records.last().map(|r| format!("{}\n{}", r.biz, r.key)))
-            .flatten();
-        Ok(Page {
-            records: records.into_iter().cloned().collect(),
-            next,
-        })
+        Ok(Page::by_key(records.into_iter().cloned().collect(), limit))
     }
 
     async fn replace_values(&self, rewrites: &[Rewrite]) -> Result<u64, StoreError> {

@@ -16,6 +16,25 @@ pub struct Page {
     pub next: Option<String>,
 }
 
+impl Page {
+    /// A page of `records` (at most `limit`) in `(biz, key)` order, as a store that
+    /// walks its records by key gives it: the next page begins after its last record,
+    /// unless it was not full.
+    pub fn by_key(records: Vec<Record>, limit: u32) -> Self {
+        let next = (records.len() == limit as usize)
+            .then(|| records.last().map(|r| format!("{}\n{}", r.biz, r.key)))
+            .flatten();
+        Page { records, next }
+    }
+
+    /// The `(biz, key)` a cursor of [`by_key`](Self::by_key) pages begins after; `None`
+    /// for the first page. (The new line between them is in neither: a biz or a key
+    /// holds no control character.)
+    pub fn after_key(cursor: &str) -> Option<(&str, &str)> {
+        cursor.split_once('\n')
+    }
+}
+
 /// A store whose records can be walked and whose values can be rewritten in place.
 #[async_trait]
 pub trait RecordPages: Send + Sync {

@@ -219,8 +219,9 @@ macro_rules! impl_store_api {
                 let has = |columns: &[crate::shape::Column], name: &str| {
                     columns.is_empty() || columns.iter().any(|c| c.name.eq_ignore_ascii_case(name))
                 };
+                let columns = self.read_shape().await?.0;
                 for (column, ty) in Self::ADDED_COLUMNS {
-                    if has(&self.read_shape().await?.0, column) {
+                    if has(&columns, column) {
                         continue;
                     }
                     let alter = Self::add_column_sql(&self.parts.sql.table, &self.parts.sql.quoted, column, ty);
@@ -278,25 +279,20 @@ macro_rules! impl_store_api {
     };
 }
 
-/// [`RecordPages`](idem_runtime::pages::RecordPages) on a SQL store: `(biz, key)` order,
-/// the cursor the last record's biz, a new line and its key (neither holds a control
-/// character).
+/// [`RecordPages`](idem_runtime::pages::RecordPages) on a SQL store: `(biz, key)` order
+/// (`Page::by_key`).
 macro_rules! impl_record_pages {
     ($store:ty) => {
         #[async_trait::async_trait]
         impl idem_runtime::pages::RecordPages for $store {
             async fn page(&self, cursor: &str, limit: u32) -> Result<idem_runtime::pages::Page, idem_runtime::StoreError> {
-                let (biz, key) = cursor.split_once('\n').unwrap_or(("", ""));
+                let (biz, key) = idem_runtime::pages::Page::after_key(cursor).unwrap_or(("", ""));
                 let query = sqlx::query(&self.parts.sql.page)
                     .bind(biz)
                     .bind(biz)
                     .bind(key)
                     .bind(i64::from(limit));
-                let records = self.list("page", query).await?;
-                let next = (records.len() == limit as usize)
-                    .then(|| records.last().map(|r| format!("{}\n{}", r.biz, r.key)))
-                    .flatten();
-                Ok(idem_runtime::pages::Page { records, next })
+                Ok(idem_runtime::pages::Page::by_key(self.list("page", query).await?, limit))
             }
 
             /// The rewrites of a page in one transaction.
