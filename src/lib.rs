@@ -416,12 +416,13 @@ pub use idem_http as http;
 pub use idem_amqp as amqp;
 
 /// The database stores' helpers: a store picked by URL ([`sql::open`]), the default
-/// table name. The stores themselves are at the crate root.
+/// table name, what stands between a PostgreSQL store and its server ([`sql::Pooler`]).
+/// The stores themselves are at the crate root.
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
 pub mod sql {
     pub use idem_store_sqlx::{
-        execute_in, numbered, open, BodyFuture, OpenOptions, TransactionDatabase, DEFAULT_TABLE,
+        execute_in, numbered, open, BodyFuture, OpenOptions, Pooler, TransactionDatabase, DEFAULT_TABLE,
     };
 }
 

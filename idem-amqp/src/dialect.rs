@@ -170,6 +170,7 @@ macro_rules! outbox_database {
                 let statements = $statements.lock.iter().chain($statements.create);
                 for statement in statements {
                     sqlx::query(&sql(statement, table))
+                        .persistent(false)
                         .execute(&mut *transaction)
                         .await?;
                 }
@@ -191,6 +192,7 @@ macro_rules! outbox_database {
                 limit: i64,
             ) -> Result<Vec<OutboxRow>, sqlx::Error> {
                 let rows: Vec<Selected> = sqlx::query_as(&sql($statements.claim, table))
+                    .persistent(false)
                     .bind(limit)
                     .fetch_all(&mut *connection)
                     .await?;
@@ -204,6 +206,7 @@ macro_rules! outbox_database {
             ) -> Result<(), sqlx::Error> {
                 let $later = failure.retry_in_micros.unwrap_or(0);
                 sqlx::query(&sql($statements.fail, table))
+                    .persistent(false)
                     .bind(i32::try_from(failure.attempts).unwrap_or(i32::MAX))
                     .bind(failure.error)
                     .bind($after)
@@ -221,6 +224,7 @@ macro_rules! outbox_database {
             ) -> Result<Vec<DeadRow>, sqlx::Error> {
                 let rows: Vec<(i64, String, String, i32, Option<String>)> =
                     sqlx::query_as(&sql($statements.dead, table))
+                        .persistent(false)
                         .bind(limit)
                         .fetch_all(&mut *connection)
                         .await?;
@@ -247,7 +251,7 @@ macro_rules! outbox_database {
                     ""
                 };
                 let statement = sql($statements.revive, table).replace("{only}", only);
-                let mut query = sqlx::query(&statement);
+                let mut query = sqlx::query(&statement).persistent(false);
                 if let Some(id) = id {
                     query = query.bind(id);
                 }
@@ -264,13 +268,14 @@ macro_rules! outbox_database {
                     list.push_bind(*id);
                 }
                 update.push(")");
-                update.build().execute(&mut *connection).await?;
+                update.build().persistent(false).execute(&mut *connection).await?;
                 Ok(())
             }
 
             async fn counts(connection: &mut Self::Connection, table: &str) -> Result<[i64; 4], sqlx::Error> {
                 type Counts = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
                 let (pending, sent, retrying, dead): Counts = sqlx::query_as(&sql($statements.counts, table))
+                    .persistent(false)
                     .fetch_one(&mut *connection)
                     .await?;
                 Ok([pending, sent, retrying, dead].map(|count| count.unwrap_or(0)))
@@ -283,6 +288,7 @@ macro_rules! outbox_database {
                 limit: i64,
             ) -> Result<u64, sqlx::Error> {
                 let done = sqlx::query(&sql($statements.purge_sent, table))
+                    .persistent(false)
                     .bind($age)
                     .bind(limit)
                     .execute(&mut *connection)
@@ -342,7 +348,7 @@ const POSTGRES: Statements = Statements {
 
 #[cfg(feature = "postgres")]
 outbox_database!(sqlx::Postgres, POSTGRES, locks_rows = true, insert(connection, sql, message) => {
-    bind_message!(sqlx::query_scalar(&sql), message).fetch_one(&mut *connection).await
+    bind_message!(sqlx::query_scalar(&sql).persistent(false), message).fetch_one(&mut *connection).await
 }, age(micros) => micros, later(micros) => micros, one("$1"));
 
 #[cfg(feature = "mysql")]
@@ -380,7 +386,7 @@ const MYSQL: Statements = Statements {
 #[cfg(feature = "mysql")]
 outbox_database!(sqlx::MySql, MYSQL, locks_rows = true, insert(connection, sql, message) => {
     // MySQL has no RETURNING: the id is the statement's insert id.
-    let done = bind_message!(sqlx::query(&sql), message).execute(&mut *connection).await?;
+    let done = bind_message!(sqlx::query(&sql).persistent(false), message).execute(&mut *connection).await?;
     i64::try_from(done.last_insert_id()).map_err(|error| sqlx::Error::Decode(Box::new(error)))
 }, age(micros) => micros, later(micros) => micros, one("?"));
 
@@ -413,6 +419,6 @@ const SQLITE: Statements = Statements {
 
 #[cfg(feature = "sqlite")]
 outbox_database!(sqlx::Sqlite, SQLITE, locks_rows = false, insert(connection, sql, message) => {
-    bind_message!(sqlx::query_scalar(&sql), message).fetch_one(&mut *connection).await
+    bind_message!(sqlx::query_scalar(&sql).persistent(false), message).fetch_one(&mut *connection).await
 }, age(micros) => format!("-{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000),
    later(micros) => format!("+{}.{:06} seconds", micros / 1_000_000, micros % 1_000_000), one("?"));

@@ -195,14 +195,18 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     ) -> Result<u64, sqlx::Error> {
         let micros = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-        let mut connection = pool.acquire().await?;
-        DB::purge_sent(&mut connection, &self.table, micros, limit).await
+        // Each of these statements in a transaction of its own: one server connection
+        // for the whole statement behind a pooler in transaction mode.
+        let mut transaction = pool.begin().await?;
+        let purged = DB::purge_sent(&mut transaction, &self.table, micros, limit).await?;
+        transaction.commit().await.map(|()| purged)
     }
 
     /// How many rows wait to be published, were published, are parked.
     pub async fn counts(&self, pool: &Pool<DB>) -> Result<OutboxCounts, sqlx::Error> {
-        let mut connection = pool.acquire().await?;
-        let [pending, sent, retrying, dead] = DB::counts(&mut connection, &self.table).await?;
+        let mut transaction = pool.begin().await?;
+        let [pending, sent, retrying, dead] = DB::counts(&mut transaction, &self.table).await?;
+        transaction.commit().await?;
         Ok(OutboxCounts {
             pending,
             sent,
@@ -214,16 +218,18 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// The rows the relay parked, the oldest first, at most `limit`.
     pub async fn dead(&self, pool: &Pool<DB>, limit: u64) -> Result<Vec<DeadRow>, sqlx::Error> {
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-        let mut connection = pool.acquire().await?;
-        DB::dead(&mut connection, &self.table, limit).await
+        let mut transaction = pool.begin().await?;
+        let dead = DB::dead(&mut transaction, &self.table, limit).await?;
+        transaction.commit().await.map(|()| dead)
     }
 
     /// Give parked rows back to the relay with a fresh count of attempts: the row `id`,
     /// or every parked row when `None`. How many. Fix what made them fail first (declare
     /// the exchange, bind a queue): they are published at the relay's next round.
     pub async fn retry_dead(&self, pool: &Pool<DB>, id: Option<i64>) -> Result<u64, sqlx::Error> {
-        let mut connection = pool.acquire().await?;
-        DB::revive(&mut connection, &self.table, id).await
+        let mut transaction = pool.begin().await?;
+        let revived = DB::revive(&mut transaction, &self.table, id).await?;
+        transaction.commit().await.map(|()| revived)
     }
 }
 

@@ -409,13 +409,15 @@ async fn filled_outbox<DB: idem::amqp::OutboxDatabase>(
 ) -> Outbox<DB> {
     let outbox = Outbox::<DB>::named(table).unwrap();
     outbox.migrate(pool).await.unwrap();
-    let mut connection = pool.acquire().await.unwrap();
+    // In a transaction, as a business pushes its messages.
+    let mut transaction = pool.begin().await.unwrap();
     let nowhere = OutboxMessage::json("", "idem.test.nowhere", &json!({"lost": true})).unwrap();
-    outbox.push(&mut connection, &nowhere).await.unwrap();
+    outbox.push(&mut transaction, &nowhere).await.unwrap();
     for n in 0..rows {
         let message = OutboxMessage::json("", queue, &json!({"n": n})).unwrap();
-        outbox.push(&mut connection, &message).await.unwrap();
+        outbox.push(&mut transaction, &message).await.unwrap();
     }
+    transaction.commit().await.unwrap();
     outbox
 }
 
@@ -520,6 +522,24 @@ async fn relays_on_postgres_share_an_outbox() {
     };
     let pool = idem::sqlx::PgPool::connect(&database).await.unwrap();
     relays_share_an_outbox(&url, pool, "postgres", 3).await;
+}
+
+/// The relays' rounds through PgBouncer in transaction mode (`.ci/start-pgbouncer`), on
+/// a pool that keeps no statement: every statement of the outbox is unnamed, and each
+/// runs in a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_behind_a_transaction_pooler_share_an_outbox() {
+    let Some(url) = amqp_url() else { return };
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_PGBOUNCER_URL", "PgBouncer") else {
+        return;
+    };
+    let options: idem::sqlx::postgres::PgConnectOptions = database.parse().unwrap();
+    let options = options.statement_cache_capacity(0).extra_float_digits(None);
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .connect_with(options)
+        .await
+        .unwrap();
+    relays_share_an_outbox(&url, pool, "pgbouncer", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

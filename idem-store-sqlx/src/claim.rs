@@ -64,8 +64,11 @@ pub(crate) struct OnConnection<'c, D: Dialect> {
     pub get: &'c str,
     /// The dialect's insert-if-absent claim, where it has one and the site uses it.
     pub insert: Option<&'c str>,
-    /// Whether the statements judge by the server's clock.
-    pub server_clock: bool,
+    /// The table's statements: whose clock they judge by, whether they are prepared.
+    pub sql: &'c crate::statements::Statements,
+    /// Whether `conn` is in a transaction already (the caller's), which a pooler keeps
+    /// on one server connection: no statement needs one of its own.
+    pub pinned: bool,
 }
 
 /// Run the claim statement at `site`; when it refused without saying what stood in

@@ -16,6 +16,8 @@ use sqlx::{ConnectOptions, Database, Pool};
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use crate::error::driver_error;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use crate::error::refused;
 
 /// How long a call waits for a pooled connection before it fails with
 /// [`idem_runtime::Error::Store`] (sqlx's default is 30 s: behind an HTTP layer, every
@@ -29,25 +31,58 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// A pool connected to `url`, acquiring within [`ACQUIRE_TIMEOUT`]; the error names the
 /// server (`label`), the URL (without its password) and the driver's cause. (SQLite
 /// opens its file with options of its own.)
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(feature = "mysql")]
 pub(crate) async fn connect<DB: Database>(url: &str, label: &str) -> Result<Pool<DB>, StoreError> {
-    let failed = |e| {
-        driver_error(
-            &format!("connecting to {label} at `{}`", idem_runtime::redacted_url(url)),
-            e,
-        )
-    };
-    let options: <DB::Connection as Connection>::Options = url.parse().map_err(failed)?;
+    let options = url.parse().map_err(|e| connecting(label, url, e))?;
+    connect_checked(url, label, options, None).await
+}
+
+/// What connecting to `label` at `url` failed with, the URL without its password.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn connecting(label: &str, url: &str, error: sqlx::Error) -> StoreError {
+    driver_error(
+        &format!("connecting to {label} at `{}`", idem_runtime::redacted_url(url)),
+        error,
+    )
+}
+
+/// A check every new connection must pass before the pool lends it (that the server
+/// takes writes, say): its error refuses the connection.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) type Check<DB> =
+    for<'c> fn(
+        &'c mut <DB as Database>::Connection,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'c>>;
+
+/// [`connect`] with the driver's `options` (parsed from `url`, which names the server
+/// in errors), each connection passing `check` where there is one.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn connect_checked<DB: Database>(
+    url: &str,
+    label: &str,
+    options: <DB::Connection as Connection>::Options,
+    check: Option<Check<DB>>,
+) -> Result<Pool<DB>, StoreError> {
+    let failed = |e| connecting(label, url, e);
     // One connection of our own first: a refused or unauthorised one fails at once and
     // says why, where the pool would retry it until its time-out.
-    let first = tokio::time::timeout(ACQUIRE_TIMEOUT, options.connect())
+    let mut first = tokio::time::timeout(ACQUIRE_TIMEOUT, options.connect())
         .await
         .map_err(|_| failed(sqlx::Error::PoolTimedOut))?
         .map_err(failed)?;
-    let _ = first.close().await;
-    Ok(PoolOptions::<DB>::new()
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(options))
+    if let Some(check) = check {
+        let checked = check(&mut first).await;
+        let _ = first.close().await;
+        checked.map_err(|e| refused(&format!("connecting to {label} at `{}`", idem_runtime::redacted_url(url)), e))?;
+    } else {
+        let _ = first.close().await;
+    }
+    let pool = PoolOptions::<DB>::new().acquire_timeout(ACQUIRE_TIMEOUT);
+    let pool = match check {
+        Some(check) => pool.after_connect(move |conn, _| check(conn)),
+        None => pool,
+    };
+    Ok(pool.connect_lazy_with(options))
 }
 
 /// `result`, with the cause of a pool time-out found and chained under its error.

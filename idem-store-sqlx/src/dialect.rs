@@ -10,6 +10,8 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
 use crate::error::driver_error;
+use crate::pooler::on_pool;
+use crate::pooler::Pooler;
 use crate::row::Stamp;
 use crate::shape::{Column, Need, UniqueKey};
 use crate::statements::{ServerClock, StatementClock, Statements};
@@ -72,9 +74,18 @@ pub(crate) enum Upserted {
 
 /// A SQL store: the [`Parts`] it holds, on its database. (`store_impl.rs` writes it.)
 pub(crate) trait Stored: Sized + Send + Sync + 'static {
-    type Db: Database;
+    type Db: Database + sqlx::database::HasStatementCache;
     fn from_parts(parts: Parts<Self::Db>) -> Self;
     fn parts(&self) -> &Parts<Self::Db>;
+
+    /// What stands between the store and its server.
+    fn pooler(&self) -> Pooler {
+        if self.parts().sql.prepared {
+            Pooler::None
+        } else {
+            Pooler::Transaction
+        }
+    }
 
     /// Whose clock the store's statements judge leases by.
     fn lease_clock(&self) -> LeaseClock {
@@ -147,11 +158,11 @@ pub(crate) trait Dialect: Stored {
     /// when it inserted the record, `None` when one stood.
     fn insert_if_absent(
         conn: &mut <Self::Db as Database>::Connection,
-        sql: &str,
-        server_clock: bool,
+        insert: &str,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
-        let _ = (conn, sql, server_clock, claim);
+        let _ = (conn, insert, sql, claim);
         std::future::ready(Err(StoreError::new("this dialect has no insert-if-absent claim")))
     }
 
@@ -174,7 +185,7 @@ pub(crate) trait Dialect: Stored {
         conn: &mut <Self::Db as Database>::Connection,
         upsert: &str,
         get: &str,
-        server_clock: bool,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
 
@@ -208,6 +219,7 @@ pub(crate) trait Dialect: Stored {
     fn purge(&self, now: SystemTime, limit: u64) -> impl Future<Output = Result<u64, StoreError>> + Send
     where
         for<'c> &'c Pool<Self::Db>: Executor<'c, Database = Self::Db>,
+        for<'c> &'c mut <Self::Db as Database>::Connection: Executor<'c, Database = Self::Db>,
         for<'q> <Self::Db as Database>::Arguments<'q>: IntoArguments<'q, Self::Db>,
         for<'q> Self::Stamp: Encode<'q, Self::Db> + Type<Self::Db>,
         for<'q> i64: Encode<'q, Self::Db> + Type<Self::Db>,
@@ -218,18 +230,19 @@ pub(crate) trait Dialect: Stored {
             move || {
                 let (now, statement) = (now.clone(), statement.clone());
                 async move {
-                    let mut query = sqlx::query(&statement);
-                    if !self.parts().sql.server_clock {
+                    let parts = self.parts();
+                    let mut query = parts.sql.query(&statement);
+                    if !parts.sql.server_clock {
                         query = query.bind(now.clone());
                         if Self::PURGE_REPEATS_NOW {
                             query = query.bind(now);
                         }
                     }
-                    let done = query
-                        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-                        .execute(&self.parts().pool)
-                        .await
-                        .map_err(|e| driver_error(sql, e))?;
+                    let query = query.bind(i64::try_from(limit).unwrap_or(i64::MAX));
+                    let done = on_pool!(parts, sql, conn => async {
+                        query.execute(conn).await.map_err(|e| driver_error(sql, e))
+                    })
+                    .await?;
                     Ok(Self::rows_changed(&done))
                 }
             }
@@ -268,19 +281,21 @@ pub(crate) fn derived_identifier<D: Dialect>(name: &str, suffix: &str) -> String
 }
 
 /// A store of dialect `D` on `pool` and the table `name` (already checked), judging
-/// leases by the server's clock.
+/// leases by the server's clock, its statements prepared.
 pub(crate) fn on_table<D: Dialect>(pool: Pool<D::Db>, name: String) -> D {
-    on_table_judged_by(pool, name, LeaseClock::Store)
+    on_table_judged_by(pool, name, LeaseClock::Store, Pooler::None)
 }
 
 /// A store of dialect `D` on `pool` and the table `name` (already checked), judging
-/// leases by `clock`.
-pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, clock: LeaseClock) -> D {
+/// leases by `clock`, behind `pooler`.
+pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, clock: LeaseClock, pooler: Pooler) -> D {
     let table = quoted(&name, D::QUOTE);
     let clock = StatementClock::of::<D>(clock);
+    let mut sql = Statements::new::<D>(&name, &table, clock);
+    sql.prepared = pooler.prepares();
     D::from_parts(Parts {
         pool,
-        sql: Arc::new(Statements::new::<D>(&name, &table, clock)),
+        sql: Arc::new(sql),
         upsert_sql: D::claim_statement(&table, clock).into(),
         insert_sql: D::insert_statement(&table, clock).map(Into::into),
         purge_sql: D::purge_statement(&table, clock).into(),
@@ -296,6 +311,7 @@ pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError>
         store.parts().pool.clone(),
         checked_table_name(name)?,
         store.lease_clock(),
+        store.pooler(),
     ))
 }
 
@@ -303,5 +319,12 @@ pub(crate) fn renamed<D: Dialect>(store: D, name: &str) -> Result<D, StoreError>
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) fn judged_by<D: Dialect>(store: D, clock: LeaseClock) -> D {
     let parts = store.parts();
-    on_table_judged_by(parts.pool.clone(), parts.sql.table.clone(), clock)
+    on_table_judged_by(parts.pool.clone(), parts.sql.table.clone(), clock, store.pooler())
+}
+
+/// `store` behind `pooler` instead.
+#[cfg(feature = "postgres")]
+pub(crate) fn behind<D: Dialect>(store: D, pooler: Pooler) -> D {
+    let parts = store.parts();
+    on_table_judged_by(parts.pool.clone(), parts.sql.table.clone(), store.lease_clock(), pooler)
 }

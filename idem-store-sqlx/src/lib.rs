@@ -49,6 +49,7 @@ cfg_driver! {
     mod dialect;
     mod error;
     mod migration;
+    mod pooler;
     mod rollback;
     mod row;
     mod statements;
@@ -97,6 +98,7 @@ pub struct BizStatus {
 }
 cfg_driver! {
     pub use connection::ACQUIRE_TIMEOUT;
+    pub use pooler::Pooler;
     pub use statements::numbered;
     pub use transaction::{
     admit, execute_in, transaction, Admitted, BodyFuture, InTransaction, StoreCheck, StoreOf, Table, TransactionCall,

@@ -29,7 +29,7 @@ use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, 
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
-use crate::statements::{strippable, ServerClock, StatementClock, STRIPPED};
+use crate::statements::{strippable, ServerClock, StatementClock, Statements, STRIPPED};
 use crate::store_api::{impl_record_pages, impl_store_api};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::DEFAULT_TABLE;
@@ -269,11 +269,11 @@ impl Dialect for MySqlStore {
 
     async fn insert_if_absent(
         conn: &mut MySqlConnection,
-        sql: &str,
-        server_clock: bool,
+        insert: &str,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        match bind_claim!(sqlx::query(sql), server_clock, claim)
+        match bind_claim!(sql.query(insert), sql.server_clock, claim)
             .execute(&mut *conn)
             .await
         {
@@ -402,14 +402,14 @@ impl Dialect for MySqlStore {
         conn: &mut MySqlConnection,
         upsert: &str,
         get: &str,
-        server_clock: bool,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Upserted, StoreError> {
-        let done = bind_claim!(sqlx::query(upsert), server_clock, claim)
+        let done = bind_claim!(sql.query(upsert), sql.server_clock, claim)
             .execute(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        Self::upserted(claim, &done, move || Self::read(conn, get, claim.biz, claim.key)).await
+        Self::upserted(claim, &done, move || Self::read(conn, sql, get, claim.biz, claim.key)).await
     }
 
     /// Bound the claim's wait for another transaction's lock by the session's

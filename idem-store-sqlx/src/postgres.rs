@@ -4,16 +4,19 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use idem_runtime::{Claim, Lease, StoreError};
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Row;
 
-use crate::connection::connect;
-use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
-use crate::error::driver_error;
+use crate::connection::{connect_checked, connecting, Check};
+use crate::dialect::{behind, derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
+use crate::error::{driver_error, refused};
 use crate::migration::{create_table, statements, ColumnTypes};
+use crate::pooler::{on_pool, Pooler};
 use crate::row::{granted_lease, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
-use crate::statements::{insert_if_absent, strippable, upsert_on_conflict, ServerClock, StatementClock, STRIPPED};
+use crate::statements::{
+    insert_if_absent, strippable, upsert_on_conflict, ServerClock, StatementClock, Statements, STRIPPED,
+};
 use crate::store_api::{impl_record_pages, impl_store_api};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -35,9 +38,44 @@ impl PostgresStore {
         on_table(pool, DEFAULT_TABLE.to_owned())
     }
 
-    /// Connect a pool to `url` (`postgres://user:pass@host/db`).
+    /// Connect a pool to `url` (`postgres://user:pass@host/db`): the primary, or a
+    /// pooler in front of it. `?pooler=transaction` at the end of the URL says the
+    /// address is a pooler in transaction mode ([`Pooler::Transaction`]); without it
+    /// statements are prepared and kept ([`Pooler::None`]).
+    ///
+    /// A server that does not take writes — a hot standby, a replica port, a
+    /// `target_session_attrs` that picked one — is refused here, and so is every later
+    /// connection of the pool to one: idem writes every claim, and reads records only
+    /// where it writes them (a lagging replica would answer a duplicate from an
+    /// older state).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        Ok(Self::new(connect(url, "PostgreSQL").await?))
+        let (pooler, url) = Pooler::from_url(url)?;
+        Self::connect_with(&url, pooler).await
+    }
+
+    /// [`connect`](Self::connect) to `url` through `pooler`.
+    pub async fn connect_with(url: &str, pooler: Pooler) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(|e| connecting("PostgreSQL", url, e))?;
+        // No startup parameter a pooler refuses unless told to ignore it (PgBouncer:
+        // `unsupported startup parameter: extra_float_digits`): idem reads no float.
+        let options = options.extra_float_digits(None);
+        let options = match pooler {
+            Pooler::None => options,
+            // Nothing kept on a server connection.
+            _ => options.statement_cache_capacity(0),
+        };
+        let check: Check<sqlx::Postgres> = |conn| Box::pin(refuse_read_only(conn));
+        let pool = connect_checked(url, "PostgreSQL", options, Some(check)).await?;
+        Ok(Self::new(pool).with_pooler(pooler))
+    }
+
+    /// Run the statements as `pooler` needs (default [`Pooler::None`]: prepared once
+    /// per connection and kept). [`Pooler::Transaction`] for a pool whose address is a
+    /// pooler in transaction mode; its connections should not keep statements
+    /// (`PgConnectOptions::statement_cache_capacity(0)`), which
+    /// [`connect`](Self::connect) sets.
+    pub fn with_pooler(self, pooler: Pooler) -> Self {
+        behind(self, pooler)
     }
 
     /// Use the table `name` instead (`table` or `schema.table`).
@@ -89,13 +127,15 @@ impl PostgresStore {
     async fn create_table(&self) -> Result<(), StoreError> {
         let failed = |e| driver_error("creating the idempotency table", e);
         let mut tx = self.parts.pool.begin().await.map_err(failed)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        self.parts
+            .sql
+            .query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .bind(&self.parts.sql.table)
             .execute(&mut *tx)
             .await
             .map_err(failed)?;
         for statement in statements(&self.migration_sql()) {
-            sqlx::query(statement).execute(&mut *tx).await.map_err(failed)?;
+            sqlx::raw_sql(statement).execute(&mut *tx).await.map_err(failed)?;
         }
         tx.commit().await.map_err(failed)
     }
@@ -135,11 +175,11 @@ impl Dialect for PostgresStore {
 
     async fn insert_if_absent(
         conn: &mut PgConnection,
-        sql: &str,
-        server_clock: bool,
+        insert: &str,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Option<Lease>, StoreError> {
-        let row = bind_claim!(sqlx::query(sql), server_clock, claim)
+        let row = bind_claim!(sql.query(insert), sql.server_clock, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
@@ -175,6 +215,20 @@ impl Dialect for PostgresStore {
         )
     }
 
+    /// The server takes writes: a store on the application's own pool is refused here
+    /// (at its first call) when the pool reached a standby.
+    async fn learn_server(&self) -> Result<(), StoreError> {
+        let mut conn = self
+            .parts
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| driver_error("reading the server's settings", e))?;
+        refuse_read_only(&mut conn)
+            .await
+            .map_err(|e| refused("checking that the server takes writes", e))
+    }
+
     const ADDED_COLUMNS: &'static [(&'static str, &'static str)] = &[
         ("steps", "TEXT"),
         ("subject", "VARCHAR(64)"),
@@ -207,16 +261,19 @@ impl Dialect for PostgresStore {
     /// The table's columns and unique keys, from `pg_catalog`.
     async fn read_shape(&self) -> Result<(Vec<Column>, Vec<UniqueKey>), StoreError> {
         let failed = |e| driver_error("reading the idempotency table's shape", e);
-        let rows: Vec<(String, String, Option<String>, bool, bool, bool)> = sqlx::query_as(
+        let rows = sqlx::query_as(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), co.collname::text, NOT a.attnotnull, \
                a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '', COALESCE(co.collisdeterministic, TRUE) \
              FROM pg_attribute a LEFT JOIN pg_collation co ON co.oid = a.attcollation \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         )
-        .bind(&self.parts.sql.quoted)
-        .fetch_all(&self.parts.pool)
-        .await
-        .map_err(failed)?;
+        .persistent(self.parts.sql.prepared)
+        .bind(&self.parts.sql.quoted);
+        let rows: Vec<(String, String, Option<String>, bool, bool, bool)> =
+            on_pool!(self.parts, "reading the idempotency table's shape", conn => async {
+                rows.fetch_all(conn).await.map_err(failed)
+            })
+            .await?;
         let columns = rows
             .into_iter()
             .map(
@@ -236,16 +293,18 @@ impl Dialect for PostgresStore {
                 },
             )
             .collect();
-        let keys: Vec<(Vec<String>,)> = sqlx::query_as(
+        let keys = sqlx::query_as(
             "SELECT ARRAY(SELECT a.attname::text FROM unnest(i.indkey) AS k(n) \
                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n) \
              FROM pg_index i WHERE i.indrelid = to_regclass($1) AND i.indisunique \
                AND i.indpred IS NULL AND i.indexprs IS NULL",
         )
-        .bind(&self.parts.sql.quoted)
-        .fetch_all(&self.parts.pool)
-        .await
-        .map_err(failed)?;
+        .persistent(self.parts.sql.prepared)
+        .bind(&self.parts.sql.quoted);
+        let keys: Vec<(Vec<String>,)> = on_pool!(self.parts, "reading the idempotency table's shape", conn => async {
+            keys.fetch_all(conn).await.map_err(failed)
+        })
+        .await?;
         let keys = keys
             .into_iter()
             .map(|(columns,)| UniqueKey {
@@ -263,10 +322,10 @@ impl Dialect for PostgresStore {
         conn: &mut PgConnection,
         upsert: &str,
         _get: &str,
-        server_clock: bool,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Upserted, StoreError> {
-        let row = bind_claim!(sqlx::query(upsert), server_clock, claim)
+        let row = bind_claim!(sql.query(upsert), sql.server_clock, claim)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
@@ -318,6 +377,33 @@ impl Dialect for PostgresStore {
     fn rows_changed(done: &<Self::Db as sqlx::Database>::QueryResult) -> u64 {
         done.rows_affected()
     }
+}
+
+/// Refuse a server that does not take writes: a hot standby (in recovery), or one
+/// whose transactions are read-only by default.
+async fn refuse_read_only(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    // No values: sent as text in one message, nothing prepared (as behind a pooler).
+    let row = sqlx::Executor::fetch_one(
+        &mut *conn,
+        "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')",
+    )
+    .await?;
+    let (recovery, read_only): (bool, String) = (row.try_get(0)?, row.try_get(1)?);
+    let why = if recovery {
+        "a hot standby (pg_is_in_recovery() is true)"
+    } else if read_only == "on" {
+        "a server whose transactions are read-only (default_transaction_read_only = on)"
+    } else {
+        return Ok(());
+    };
+    Err(sqlx::Error::Configuration(
+        format!(
+            "reached a read-only server, {why}: idem writes every claim and reads records only where it writes \
+             them (a replica that lags would answer a duplicate from an older state). Give the store the primary's \
+             address: the HA proxy's primary port, or `target_session_attrs=read-write` in the URL"
+        )
+        .into(),
+    ))
 }
 
 impl_idempotency_store!(PostgresStore, sqlx::Postgres);

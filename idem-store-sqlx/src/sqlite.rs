@@ -11,7 +11,7 @@ use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::row::granted_lease;
 use crate::shape::{Column, Need, UniqueKey};
-use crate::statements::{strippable, upsert_on_conflict, ServerClock, StatementClock, STRIPPED};
+use crate::statements::{strippable, upsert_on_conflict, ServerClock, StatementClock, Statements, STRIPPED};
 use crate::store_api::{impl_record_pages, impl_store_api};
 use crate::store_impl::{bind_claim, impl_idempotency_store};
 use crate::table::{COLUMNS, DEFAULT_TABLE};
@@ -253,10 +253,10 @@ impl Dialect for SqliteStore {
         conn: &mut SqliteConnection,
         upsert: &str,
         _get: &str,
-        server_clock: bool,
+        sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Upserted, StoreError> {
-        let granted = bind_claim!(sqlx::query(upsert), server_clock, claim)
+        let granted = bind_claim!(sql.query(upsert), sql.server_clock, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;

@@ -60,6 +60,9 @@ pub(crate) struct Statements {
     pub quoted: String,
     /// Whether the statements read the server's clock (and bind lengths, not instants).
     pub server_clock: bool,
+    /// Whether statements are prepared under a name and kept on the connection (not
+    /// behind a pooler in transaction mode: [`Pooler`](crate::Pooler)).
+    pub prepared: bool,
     pub renew: String,
     pub complete: String,
     pub fail: String,
@@ -122,6 +125,12 @@ pub(crate) fn strippable(now: &str) -> String {
 const NOT_A_TOKEN: &str = "biz_type NOT LIKE 'token.%'";
 
 impl Statements {
+    /// `sql` with its values to bind: prepared under a name and kept on the connection,
+    /// unless the store is behind a pooler in transaction mode.
+    pub(crate) fn query<'q, DB: sqlx::Database + sqlx::database::HasStatementCache>(&self, sql: &'q str) -> sqlx::query::Query<'q, DB, DB::Arguments<'q>> {
+        sqlx::query(sql).persistent(self.prepared)
+    }
+
     /// The statements of dialect `D` on the table `name` (written `table`, quoted),
     /// judged by `clock`.
     pub(crate) fn new<D: Dialect>(name: &str, table: &str, clock: StatementClock) -> Self {
@@ -151,6 +160,7 @@ impl Statements {
             table: name.to_owned(),
             quoted: table.to_owned(),
             server_clock: clock.0.is_some(),
+            prepared: true,
             renew: sql(format!(
                 "UPDATE {table} SET lease_until = {after}, expires_at = {greatest}(expires_at, {after}) WHERE {HELD}"
             )),

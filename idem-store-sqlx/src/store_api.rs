@@ -22,7 +22,7 @@ macro_rules! impl_store_api {
                 let sql = &self.parts.sql;
                 let query = Self::bind_after(
                     sql,
-                    sqlx::query(&sql.stuck),
+                    sql.query(&sql.stuck),
                     now,
                     crate::row::Offset::Before(older_than),
                 );
@@ -43,7 +43,7 @@ macro_rules! impl_store_api {
                 limit: u32,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let query = sqlx::query(&self.parts.sql.unsettled)
+                let query = self.parts.sql.query(&self.parts.sql.unsettled)
                     .bind(biz)
                     .bind(biz)
                     .bind(i64::from(limit));
@@ -61,7 +61,7 @@ macro_rules! impl_store_api {
                 biz: Option<&str>,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let query = sqlx::query(&self.parts.sql.oldest_processing).bind(biz).bind(biz);
+                let query = self.parts.sql.query(&self.parts.sql.oldest_processing).bind(biz).bind(biz);
                 // The statement has `LIMIT 1`.
                 Ok(self.list("oldest_processing", query).await?.into_iter().next())
             }
@@ -75,7 +75,7 @@ macro_rules! impl_store_api {
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
                 let sql = &self.parts.sql;
-                let query = Self::bind_now(sql, sqlx::query(&sql.failed), idem_runtime::now())
+                let query = Self::bind_now(sql, sql.query(&sql.failed), idem_runtime::now())
                     .bind(biz)
                     .bind(biz)
                     .bind(i64::from(limit));
@@ -92,10 +92,10 @@ macro_rules! impl_store_api {
                     <<Self as crate::dialect::Stored>::Db as sqlx::Database>::Arguments<'q>,
                 >,
             ) -> Result<Vec<idem_runtime::Record>, idem_runtime::StoreError> {
-                let rows = query
-                    .fetch_all(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::error::driver_error(operation, e))?;
+                let rows = crate::pooler::on_pool!(self.parts, operation, conn => async {
+                    query.fetch_all(conn).await.map_err(|e| crate::error::driver_error(operation, e))
+                })
+                .await?;
                 rows.iter()
                     .map(crate::row::record_from_row::<_, <Self as crate::dialect::Dialect>::Stamp>)
                     .collect()
@@ -106,18 +106,17 @@ macro_rules! impl_store_api {
             /// tokens are listed under their namespace, `token.<biz>`.
             pub async fn stats(&self, biz: Option<&str>) -> Result<Vec<crate::BizStatus>, idem_runtime::StoreError> {
                 let biz = biz.unwrap_or("");
-                let stats = sqlx::query_as(&self.parts.sql.stats);
+                let stats = sqlx::query_as(&self.parts.sql.stats).persistent(self.parts.sql.prepared);
                 let stats = if self.parts.sql.server_clock {
                     stats
                 } else {
                     stats.bind(Self::stamp(idem_runtime::now()))
                 };
-                let rows: Vec<(String, String, i64, i64, i64)> = stats
-                    .bind(biz)
-                    .bind(biz)
-                    .fetch_all(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::error::driver_error("stats", e))?;
+                let stats = stats.bind(biz).bind(biz);
+                let rows: Vec<(String, String, i64, i64, i64)> = crate::pooler::on_pool!(self.parts, "stats", conn => async {
+                    stats.fetch_all(conn).await.map_err(|e| crate::error::driver_error("stats", e))
+                })
+                .await?;
                 rows.into_iter()
                     .map(|(biz, status, records, expired, tombstones)| {
                         Ok(crate::BizStatus {
@@ -139,11 +138,11 @@ macro_rules! impl_store_api {
             async fn erase_records_of(&self, subject: &str) -> Result<u64, idem_runtime::StoreError> {
                 use crate::dialect::Dialect;
                 let erase = || async {
-                    let done = sqlx::query(&self.parts.sql.erase_subject)
-                        .bind(subject)
-                        .execute(&self.parts.pool)
-                        .await
-                        .map_err(|e| crate::error::driver_error("erase_subject", e))?;
+                    let erase = self.parts.sql.query(&self.parts.sql.erase_subject).bind(subject);
+                    let done = crate::pooler::on_pool!(self.parts, "erase_subject", conn => async {
+                        erase.execute(conn).await.map_err(|e| crate::error::driver_error("erase_subject", e))
+                    })
+                    .await?;
                     Ok(Self::rows_changed(&done))
                 };
                 crate::rollback::retrying(erase).await
@@ -152,12 +151,11 @@ macro_rules! impl_store_api {
             /// Delete the `FAIL` record of `(biz, key)` so that the next call runs the
             /// body again; `false` when there was none (no record, or not `FAIL`).
             pub async fn forget_failed(&self, biz: &str, key: &str) -> Result<bool, idem_runtime::StoreError> {
-                let done = sqlx::query(&self.parts.sql.forget_failed)
-                    .bind(biz)
-                    .bind(key)
-                    .execute(&self.parts.pool)
-                    .await
-                    .map_err(|e| crate::error::driver_error("forget_failed", e))?;
+                let forget = self.parts.sql.query(&self.parts.sql.forget_failed).bind(biz).bind(key);
+                let done = crate::pooler::on_pool!(self.parts, "forget_failed", conn => async {
+                    forget.execute(conn).await.map_err(|e| crate::error::driver_error("forget_failed", e))
+                })
+                .await?;
                 Ok(done.rows_affected() > 0)
             }
 
@@ -183,8 +181,9 @@ macro_rules! impl_store_api {
                 self.parts
                     .table_checked
                     .get_or_try_init(|| async {
-                        self.check_table().await?;
-                        <Self as crate::dialect::Dialect>::learn_server(self).await
+                        // The server first: a standby is refused before its table is read.
+                        <Self as crate::dialect::Dialect>::learn_server(self).await?;
+                        self.check_table().await
                     })
                     .await
                     .map(drop)
@@ -225,7 +224,8 @@ macro_rules! impl_store_api {
                         continue;
                     }
                     let alter = Self::add_column_sql(&self.parts.sql.table, &self.parts.sql.quoted, column, ty);
-                    match sqlx::query(&alter).execute(&self.parts.pool).await {
+                    // No values: sent as text, nothing prepared (as behind a pooler).
+                    match sqlx::raw_sql(&alter).execute(&self.parts.pool).await {
                         Ok(_) => {}
                         Err(_) if has(&self.read_shape().await?.0, column) => {}
                         Err(e) => {
@@ -287,7 +287,7 @@ macro_rules! impl_record_pages {
         impl idem_runtime::pages::RecordPages for $store {
             async fn page(&self, cursor: &str, limit: u32) -> Result<idem_runtime::pages::Page, idem_runtime::StoreError> {
                 let (biz, key) = idem_runtime::pages::Page::after_key(cursor).unwrap_or(("", ""));
-                let query = sqlx::query(&self.parts.sql.page)
+                let query = self.parts.sql.query(&self.parts.sql.page)
                     .bind(biz)
                     .bind(biz)
                     .bind(key)
@@ -305,7 +305,7 @@ macro_rules! impl_record_pages {
                     let mut tx = self.parts.pool.begin().await.map_err(failed)?;
                     let mut replaced = 0;
                     for idem_runtime::pages::Rewrite { read, with } in rewrites {
-                        let done = sqlx::query(&self.parts.sql.replace_values)
+                        let done = self.parts.sql.query(&self.parts.sql.replace_values)
                             .bind(with.request_body.as_deref())
                             .bind(with.response_body.as_deref())
                             .bind(with.error_message.as_deref())

@@ -38,7 +38,8 @@ macro_rules! impl_idempotency_store {
                         upsert: &self.parts.upsert_sql,
                         get: self.get_statement(),
                         insert: self.parts.insert_sql.as_deref(),
-                        server_clock: self.parts.sql.server_clock,
+                        sql: &self.parts.sql,
+                        pinned: false,
                     };
                     crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::LostRace).await
                 };
@@ -53,7 +54,7 @@ macro_rules! impl_idempotency_store {
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let sql = &self.parts.sql;
                 let renew = || {
-                    let renew = sqlx::query(&sql.renew);
+                    let renew = sql.query(&sql.renew);
                     Self::bind_after(sql, Self::bind_after(sql, renew, now, lease_for), now, lease_for)
                 };
                 self.write_held_on_pool("renew", renew, lease).await
@@ -87,7 +88,11 @@ macro_rules! impl_idempotency_store {
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let released = crate::rollback::retrying(|| async {
                     let mut conn = self.connection("release").await?;
-                    Self::release_in(&mut conn, &self.parts.sql, lease).await
+                    let conn = &mut *conn;
+                    crate::pooler::within!(self.parts.sql.prepared, "release", conn => {
+                        Self::release_in(conn, &self.parts.sql, lease)
+                    })
+                    .await
                 });
                 crate::connection::explained(&self.parts.pool, released.await).await
             }
@@ -97,7 +102,7 @@ macro_rules! impl_idempotency_store {
                 lease: &idem_runtime::Lease,
                 steps: &str,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let record_steps = || sqlx::query(&self.parts.sql.record_steps).bind(steps);
+                let record_steps = || self.parts.sql.query(&self.parts.sql.record_steps).bind(steps);
                 self.write_held_on_pool("record_steps", record_steps, lease).await
             }
 
@@ -111,11 +116,9 @@ macro_rules! impl_idempotency_store {
                 key: &str,
             ) -> Result<Option<idem_runtime::Record>, idem_runtime::StoreError> {
                 let get = <Self as crate::dialect::Dialect>::get_statement(self);
-                crate::connection::explained(
-                    &self.parts.pool,
-                    Self::read(&self.parts.pool, get, biz, key).await,
-                )
-                .await
+                let sql = &self.parts.sql;
+                let read = crate::pooler::on_pool!(self.parts, "get", conn => Self::read(conn, sql, get, biz, key));
+                crate::connection::explained(&self.parts.pool, read.await).await
             }
 
             async fn purge_expired(
@@ -133,7 +136,7 @@ macro_rules! impl_idempotency_store {
 
         impl crate::claim::ClaimSite for crate::claim::OnConnection<'_, $store> {
             fn on_server_clock(&self) -> bool {
-                self.server_clock
+                self.sql.server_clock
             }
 
             fn inserts_first(&self) -> bool {
@@ -144,31 +147,42 @@ macro_rules! impl_idempotency_store {
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<Option<idem_runtime::Lease>, idem_runtime::StoreError> {
-                let sql = self.insert.expect("a site that inserts first has the statement");
-                <$store as crate::dialect::Dialect>::insert_if_absent(self.conn, sql, self.server_clock, claim).await
+                let insert = self.insert.expect("a site that inserts first has the statement");
+                let (conn, sql) = (&mut *self.conn, self.sql);
+                crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
+                    <$store as crate::dialect::Dialect>::insert_if_absent(conn, insert, sql, claim)
+                })
+                .await
             }
 
             async fn upsert(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<crate::dialect::Upserted, idem_runtime::StoreError> {
-                <$store as crate::dialect::Dialect>::upsert(self.conn, self.upsert, self.get, self.server_clock, claim)
-                    .await
+                let (conn, sql) = (&mut *self.conn, self.sql);
+                crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
+                    <$store as crate::dialect::Dialect>::upsert(conn, self.upsert, self.get, sql, claim)
+                })
+                .await
             }
 
             async fn read(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<(Option<idem_runtime::Record>, Option<std::time::SystemTime>), idem_runtime::StoreError> {
-                let row = sqlx::query(self.get)
-                    .bind(claim.biz)
-                    .bind(claim.key)
-                    .fetch_optional(&mut *self.conn)
-                    .await
-                    .map_err(|e| crate::error::driver_error("get", e))?;
+                let (conn, sql, get) = (&mut *self.conn, self.sql, self.get);
+                let row = crate::pooler::within!(sql.prepared || self.pinned, "get", conn => async {
+                    sql.query(get)
+                        .bind(claim.biz)
+                        .bind(claim.key)
+                        .fetch_optional(&mut *conn)
+                        .await
+                        .map_err(|e| crate::error::driver_error("get", e))
+                })
+                .await?;
                 let Some(row) = row else { return Ok((None, None)) };
                 let record = crate::row::record_from_row::<_, <$store as crate::dialect::Dialect>::Stamp>(&row)?;
-                let read_at = if self.server_clock {
+                let read_at = if self.sql.server_clock {
                     Some(crate::row::read_at::<
                         _,
                         <$store as crate::dialect::Dialect>::Stamp,
@@ -206,8 +220,10 @@ macro_rules! impl_idempotency_store {
                 query: impl Fn() -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
                 lease: &'q idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let written =
-                    crate::rollback::retrying(|| Self::write_held(&self.parts.pool, operation, query(), lease)).await;
+                let written = crate::rollback::retrying(|| {
+                    crate::pooler::on_pool!(self.parts, operation, conn => Self::write_held(conn, operation, query(), lease))
+                })
+                .await;
                 crate::connection::explained(&self.parts.pool, written).await
             }
 
@@ -249,7 +265,7 @@ macro_rules! impl_idempotency_store {
                 lease: &'q idem_runtime::Lease,
             ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>> {
                 let retention = &lease.retention;
-                let finish = sqlx::query(sql).bind(text);
+                let finish = statements.query(sql).bind(text);
                 let finish = Self::bind_now(statements, Self::bind_now(statements, finish, now), now);
                 let finish = Self::bind_after(statements, finish, now, retention.record_length(ttl));
                 // The end of the replay, or NULL: a NULL length where the server adds it.
@@ -298,19 +314,20 @@ macro_rules! impl_idempotency_store {
                 sql: &crate::statements::Statements,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                match Self::write_held(&mut *conn, "release", sqlx::query(&sql.release), lease).await? {
+                match Self::write_held(&mut *conn, "release", sql.query(&sql.release), lease).await? {
                     idem_runtime::FenceCheck::Held => Ok(idem_runtime::FenceCheck::Held),
                     // Not deleted: the record holds steps (or the lease is lost).
                     idem_runtime::FenceCheck::Lost => {
-                        Self::write_held(&mut *conn, "release", sqlx::query(&sql.park), lease).await
+                        Self::write_held(&mut *conn, "release", sql.query(&sql.park), lease).await
                     }
                 }
             }
 
-            /// The record of `(biz, key)`, read by `get` (a `get` statement) on `executor`
-            /// (the pool, or a transaction's connection).
+            /// The record of `(biz, key)`, read by `get` (a `get` statement of `sql`) on
+            /// `executor` (the pool, or a transaction's connection).
             async fn read<'e, X>(
                 executor: X,
+                sql: &crate::statements::Statements,
                 get: &str,
                 biz: &str,
                 key: &str,
@@ -318,7 +335,8 @@ macro_rules! impl_idempotency_store {
             where
                 X: sqlx::Executor<'e, Database = $db>,
             {
-                let row = sqlx::query(get)
+                let row = sql
+                    .query(get)
                     .bind(biz)
                     .bind(key)
                     .fetch_optional(executor)

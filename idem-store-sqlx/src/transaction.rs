@@ -426,7 +426,8 @@ macro_rules! impl_transaction_database {
                     // In the caller's transaction the claim statement alone decides, as it
                     // always has: its row lock is the one a duplicate waits on.
                     insert: None,
-                    server_clock: table.sql.server_clock,
+                    sql: &table.sql,
+                    pinned: true,
                 };
                 let outcome = crate::claim::claim_or_read(claim, &mut site, crate::claim::RolledBack::Aborted).await;
                 let locked = matches!(&outcome, Err(error) if crate::error::caused_by(error, <$store>::is_lock_wait));

@@ -18,6 +18,8 @@ pub struct Storm {
     answers: Mutex<Vec<(usize, String)>>,
     /// Calls that failed (and were retried).
     pub errors: AtomicUsize,
+    /// What they failed with (the whole chain), how often each.
+    failures: Mutex<std::collections::BTreeMap<String, usize>>,
 }
 
 impl Storm {
@@ -59,11 +61,27 @@ impl Storm {
                 Err(idem::Error::InProgress { .. }) => {}
                 Err(error) => {
                     self.errors.fetch_add(1, Ordering::SeqCst);
+                    *self
+                        .failures
+                        .lock()
+                        .unwrap()
+                        .entry(idem::error_chain(&error))
+                        .or_default() += 1;
                     assert!(since.elapsed() < Duration::from_secs(60), "key {k}: {error}");
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// What the calls that failed failed with (each error's whole chain), and how often.
+    pub fn failures(&self) -> Vec<(String, usize)> {
+        self.failures
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(e, n)| (e.clone(), *n))
+            .collect()
     }
 
     /// Answers given so far.

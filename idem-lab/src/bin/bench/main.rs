@@ -373,6 +373,40 @@ async fn backends() -> Vec<Backend> {
             redis_floor: None,
         });
     }
+    // The same server through PgBouncer (`.ci/start-pgbouncer`): in session mode with
+    // the store's defaults, and in transaction mode, where every statement is unnamed
+    // and runs in a transaction of its own (`?pooler=transaction`). No floor: the
+    // floor's statements are prepared ones.
+    for (var, name, pooler) in [
+        (
+            "IDEM_TEST_PGBOUNCER_SESSION_URL",
+            "PostgreSQL via PgBouncer, session mode",
+            "",
+        ),
+        (
+            "IDEM_TEST_PGBOUNCER_URL",
+            "PostgreSQL via PgBouncer, transaction mode",
+            "?pooler=transaction",
+        ),
+    ] {
+        let Ok(url) = std::env::var(var) else { continue };
+        let store = idem::PostgresStore::connect(&format!("{url}{pooler}"))
+            .await
+            .unwrap()
+            .with_table_name("idem_bench_pooled")
+            .unwrap();
+        store.migrate().await.unwrap();
+        idem::sqlx::raw_sql("TRUNCATE idem_bench_pooled")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        backends.push(Backend {
+            name,
+            store: Arc::new(store),
+            floor: None,
+            redis_floor: None,
+        });
+    }
     // MariaDB alone, and one node of a Galera cluster (its first URL): certification at
     // every commit, causal reads on replays.
     for (var, name) in [
