@@ -253,11 +253,22 @@ macro_rules! idem_rows {
             business_insert::<$db>($conn.as_deref_mut().expect("a transaction"), sql, $key).await;
         }
         let complete = idem::sqlx::query($store.complete_sql()).bind(RESPONSE);
+        // The record's end, its replay's end (the same: it replays until it expires),
+        // no subject; then the lease.
         let complete = match $at {
-            Some(stamp) => complete.bind(stamp(at.now)).bind(stamp(at.now)).bind(stamp(at.expires)),
-            None => complete.bind(length_micros(TTL)),
+            Some(stamp) => complete
+                .bind(stamp(at.now))
+                .bind(stamp(at.now))
+                .bind(stamp(at.expires))
+                .bind(stamp(at.expires)),
+            None => complete.bind(length_micros(TTL)).bind(length_micros(TTL)),
         };
-        let complete = complete.bind(BIZ).bind($key).bind(fence).bind(created_at);
+        let complete = complete
+            .bind(None::<String>)
+            .bind(BIZ)
+            .bind($key)
+            .bind(fence)
+            .bind(created_at);
         on!($conn, $store, complete, execute).unwrap();
     }};
 }
