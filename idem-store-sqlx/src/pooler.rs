@@ -102,16 +102,13 @@ macro_rules! on_pool {
                 let $conn = &parts.pool;
                 $run.await
             } else {
-                let failed = |e| crate::error::driver_error($operation, e);
-                let mut transaction = parts.pool.begin().await.map_err(failed)?;
-                let result = {
-                    let $conn = &mut *transaction;
-                    $run.await
-                };
-                match result {
-                    Ok(value) => transaction.commit().await.map(|()| value).map_err(failed),
-                    Err(error) => Err(error),
-                }
+                let mut held = parts
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(|e| crate::error::driver_error($operation, e))?;
+                let $conn = &mut *held;
+                crate::pooler::within!(false, $operation, $conn => $run).await
             }
         }
     };
