@@ -458,6 +458,24 @@ fn on_postgres() {
     unreachable_fails_fast("postgres://postgres@127.0.0.1:1/postgres");
 }
 
+/// Pointed at a hot standby (a Patroni cluster's replica port behind HAProxy), the
+/// command refuses before it reads or changes anything, and says why.
+#[test]
+fn a_standby_is_refused() {
+    let Some(url) = server_url("IDEM_TEST_PATRONI_REPLICA_URL", "a Patroni cluster's replica port") else {
+        return;
+    };
+    for args in [&["stats"][..], &["purge", "--expired"][..]] {
+        let output = idem(&url, "idempotent_record", args);
+        assert!(!output.status.success(), "{args:?} on a standby succeeded");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("reached a read-only server, a hot standby"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn on_mariadb() {
     let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {

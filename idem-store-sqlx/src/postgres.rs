@@ -43,8 +43,8 @@ impl PostgresStore {
     /// address is a pooler in transaction mode ([`Pooler::Transaction`]); without it
     /// statements are prepared and kept ([`Pooler::None`]).
     ///
-    /// A server that does not take writes — a hot standby, a replica port, a
-    /// `target_session_attrs` that picked one — is refused here, and so is every later
+    /// A server that does not take writes — a hot standby, an HA proxy's replica
+    /// port — is refused here, and so is every later
     /// connection of the pool to one: idem writes every claim, and reads records only
     /// where it writes them (a lagging replica would answer a duplicate from an
     /// older state).
@@ -400,7 +400,8 @@ async fn refuse_read_only(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         format!(
             "reached a read-only server, {why}: idem writes every claim and reads records only where it writes \
              them (a replica that lags would answer a duplicate from an older state). Give the store the primary's \
-             address: the HA proxy's primary port, or `target_session_attrs=read-write` in the URL"
+             address: the HA proxy's primary port, or a pooler in front of the primary (sqlx connects to the one \
+             host the URL names and ignores `target_session_attrs`)"
         )
         .into(),
     ))
