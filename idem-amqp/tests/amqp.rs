@@ -542,6 +542,58 @@ async fn relays_behind_a_transaction_pooler_share_an_outbox() {
     relays_share_an_outbox(&url, pool, "pgbouncer", 3).await;
 }
 
+/// A relay given a hot standby (a Patroni cluster's replica port behind HAProxy)
+/// publishes nothing: its round fails with the server's read-only refusal, and every row
+/// stays unsent on the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_on_a_standby_publishes_nothing() {
+    let Some(url) = amqp_url() else { return };
+    let server = |var| idem_testkit::conformance::server_url(var, "Patroni");
+    let (Some(primary), Some(replica)) = (server("IDEM_TEST_PATRONI_URL"), server("IDEM_TEST_PATRONI_REPLICA_URL"))
+    else {
+        return;
+    };
+    let queue = "idem.test.relay.standby";
+    let channel = fresh_queue(&url, queue).await;
+    channel
+        .confirm_select(idem::amqp::lapin::options::ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let primary = idem::sqlx::PgPool::connect(&primary).await.unwrap();
+    let table = format!("outbox_standby_{}", std::process::id());
+    let outbox = filled_outbox(&primary, &table, queue, 20).await;
+    // One connection: HAProxy spreads the replica port's connections over both standbys.
+    let standby = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&replica)
+        .await
+        .unwrap();
+    // The standby has replayed the rows (a claim of a table it does not have yet would
+    // fail for that reason instead).
+    let replayed = format!("SELECT COUNT(*) FROM {table}");
+    let since = Instant::now();
+    while idem::sqlx::query_scalar::<_, i64>(&replayed)
+        .fetch_one(&standby)
+        .await
+        .ok()
+        != Some(21)
+    {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "the standby never replayed the rows"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let relay = Relay::new(standby, outbox.clone(), url.as_str());
+    for _ in 0..3 {
+        let error = relay.round(&channel).await.unwrap_err().to_string();
+        assert!(error.contains("read-only transaction"), "{error}");
+    }
+    let counts = outbox.counts(&primary).await.unwrap();
+    assert_eq!((counts.pending, counts.sent), (21, 0), "every row stays unsent");
+    assert_eq!(waiting(&channel, queue).await, 0, "nothing was published");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_on_mariadb_share_an_outbox() {
     let Some(url) = amqp_url() else { return };
