@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
@@ -392,20 +392,39 @@ impl<DB: OutboxDatabase> Relay<DB> {
                 .count(&self.stats.published, self.outbox.table(), "published", 1);
             pending.push((row, confirm));
         }
+        // A return comes before its message's ack, but the client hands it to whichever
+        // confirm the next ack resolves first (an ack of several messages resolves them
+        // in no set order): the return says which row it was by the message id the
+        // relay gave it, and only that row failed.
+        let mut acked = Vec::with_capacity(pending.len());
+        let mut returned = HashMap::new();
         for (row, confirm) in pending {
             match confirm.await? {
-                Confirmation::Ack(None) => published.confirmed.push(row.id),
-                Confirmation::Ack(Some(returned)) => {
+                Confirmation::Ack(None) => acked.push(row),
+                Confirmation::Ack(Some(message)) => {
                     self.stats
                         .count(&self.stats.returned, self.outbox.table(), "returned", 1);
-                    let error = format!("no queue took the message: {}", returned.reply_text);
-                    published.failed.push(Failed { row, error });
+                    let id = message
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .and_then(|id| id.as_str().parse::<i64>().ok())
+                        .unwrap_or(row.id);
+                    returned.insert(id, format!("no queue took the message: {}", message.reply_text));
+                    acked.push(row);
                 }
                 Confirmation::Nack(_) | Confirmation::NotRequested => {
                     self.stats.count(&self.stats.refused, self.outbox.table(), "refused", 1);
                     let error = "the broker refused the message (nack)".to_owned();
                     published.failed.push(Failed { row, error });
                 }
+            }
+        }
+        for row in acked {
+            match returned.remove(&row.id) {
+                Some(error) => published.failed.push(Failed { row, error }),
+                None => published.confirmed.push(row.id),
             }
         }
         Ok(published)

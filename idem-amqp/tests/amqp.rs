@@ -542,6 +542,67 @@ async fn relays_behind_a_transaction_pooler_share_an_outbox() {
     relays_share_an_outbox(&url, pool, "pgbouncer", 3).await;
 }
 
+/// Unroutable rows between routable ones, in batches the broker acknowledges several
+/// messages at a time: every unroutable row, and no other, is parked (a return is
+/// matched to its row by the message id, not by the confirm the client handed it to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_return_fails_its_own_row() {
+    let Some(url) = amqp_url() else { return };
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let queue = "idem.test.relay.returns";
+    let channel = fresh_queue(&url, queue).await;
+    let pool = idem::sqlx::PgPool::connect(&database).await.unwrap();
+    let outbox = Outbox::<idem::sqlx::Postgres>::named(&format!("outbox_returns_{}", std::process::id())).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let mut transaction = pool.begin().await.unwrap();
+    let mut unroutable = Vec::new();
+    for n in 0..300 {
+        let to = if n % 3 == 0 { "idem.test.nowhere" } else { queue };
+        let id = outbox
+            .push(
+                &mut transaction,
+                &OutboxMessage::json("", to, &json!({"n": n})).unwrap(),
+            )
+            .await
+            .unwrap();
+        if n % 3 == 0 {
+            unroutable.push(id);
+        }
+    }
+    transaction.commit().await.unwrap();
+    let relay = Relay::new(pool.clone(), outbox.clone(), url.as_str())
+        .batch(100)
+        .max_attempts(1)
+        .idle(Duration::from_millis(20));
+    let stop = spawn_relay(&relay);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let counts = loop {
+        let counts = outbox.counts(&pool).await.unwrap();
+        if counts.pending == 0 {
+            break counts;
+        }
+        assert!(Instant::now() < deadline, "{counts:?} {:?}", relay.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(stop);
+    let mut dead: Vec<i64> = outbox
+        .dead(&pool, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.id)
+        .collect();
+    dead.sort();
+    assert_eq!(dead, unroutable, "exactly the unroutable rows are parked ({counts:?})");
+    assert_eq!(
+        waiting(&channel, queue).await,
+        200,
+        "every routable row was published once"
+    );
+}
+
 /// A relay given a hot standby (a Patroni cluster's replica port behind HAProxy)
 /// publishes nothing: its round fails with the server's read-only refusal, and every row
 /// stays unsent on the primary.
