@@ -50,7 +50,7 @@ fn step_worker() {
         });
         tokio::time::sleep(Duration::from_millis(300)).await; // the holder has its claim
         let (wall, steady) = (SystemTime::now(), std::time::Instant::now());
-        std::fs::write(&file, format!("+{STEP_SECS}")).unwrap();
+        harness::set_clock(std::path::Path::new(&file), STEP_SECS as i64);
         // libfaketime reads the file again within a second or two: wait until the step
         // shows (the wall clock ahead of the monotonic one), then `after` more.
         let stepped_by = || {
@@ -91,8 +91,16 @@ fn step_worker() {
 /// body under `lease`, the duplicate calling `after` the step showed: (bodies run, the
 /// duplicate's answer, the holder's).
 fn stepped(libfaketime: &str, store: &str, lease: Duration, after: Duration) -> (u32, String, String) {
-    let file = std::env::temp_dir().join(format!("idem-step-{}-{}", std::process::id(), harness::epoch_millis()));
-    std::fs::write(&file, "+0").unwrap();
+    // One clock file per worker: two tests starting in the same millisecond shared one
+    // before, and one test's write stepped (or unstepped) the other's worker.
+    static WORKERS: AtomicU32 = AtomicU32::new(0);
+    let worker_number = WORKERS.fetch_add(1, Ordering::SeqCst);
+    let file = std::env::temp_dir().join(format!(
+        "idem-step-{}-{}-{worker_number}",
+        std::process::id(),
+        harness::epoch_millis()
+    ));
+    harness::set_clock(&file, 0);
     let settings = [
         ("STEP_STORE", store.to_owned()),
         ("STEP_LEASE_MS", lease.as_millis().to_string()),

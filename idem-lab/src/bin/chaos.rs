@@ -560,7 +560,7 @@ fn main() {
             } else {
                 0
             };
-            std::fs::write(&clock, format!("{skew:+}")).unwrap();
+            harness::set_clock(&clock, skew);
             let child = coordinator.spawn(i, 1, &link, &clock);
             Slot {
                 child,
@@ -619,7 +619,7 @@ fn main() {
             }
             "skew" => {
                 let step = *[-300i64, -180, -60, 60, 180, 300].choose(&mut rand::rng()).unwrap();
-                std::fs::write(&slot.clock, format!("{step:+}")).unwrap();
+                harness::set_clock(&slot.clock, step);
                 injected.push(coordinator.fault(&slot.process, FaultKind::ClockStep, start_ms));
             }
             _ => unreachable!(),

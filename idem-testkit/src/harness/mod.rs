@@ -396,6 +396,17 @@ pub fn stepped_by(command: &mut Command, libfaketime: &str, clock: &std::path::P
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
 }
 
+/// Set the clock file of a process run [`stepped_by`] it to `offset_secs` (`+60`, `-300`):
+/// written beside it and renamed into place, so libfaketime, which reads it again every
+/// second, never reads it half written (an emptied file read mid-write left a step
+/// unseen).
+pub fn set_clock(clock: &std::path::Path, offset_secs: i64) {
+    let mut next = clock.as_os_str().to_owned();
+    next.push(".next");
+    std::fs::write(&next, format!("{offset_secs:+}")).expect("write the clock file");
+    std::fs::rename(&next, clock).expect("move the clock file into place");
+}
+
 /// This process's clock skew as its coordinator set it (0 when none).
 pub fn own_skew_secs() -> i64 {
     std::env::var("IDEM_SKEW_SECS")
