@@ -396,6 +396,21 @@ pub fn stepped_by(command: &mut Command, libfaketime: &str, clock: &std::path::P
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
 }
 
+/// One call through `store` that must fail before its body runs: the error's whole
+/// chain (asserted: no body ran).
+pub async fn refused_before_the_body(store: std::sync::Arc<dyn idem::IdempotencyStore>) -> String {
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    let outcome: Result<u32, idem::Error> = idem::Idempotent::new("refused")
+        .store(store)
+        .execute("k", async {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(1)
+        })
+        .await;
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 0, "no body ran");
+    idem::error_chain(&outcome.expect_err("the call was refused"))
+}
+
 /// Set the clock file of a process run [`stepped_by`] it to `offset_secs` (`+60`, `-300`):
 /// written beside it and renamed into place, so libfaketime, which reads it again every
 /// second, never reads it half written (an emptied file read mid-write left a step
