@@ -295,6 +295,38 @@ impl StoreError {
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    /// This failure as a new value, for each of the callers a shared read failed for:
+    /// the same message and kind, with this failure's source behind it.
+    pub(crate) fn relayed(self: &std::sync::Arc<Self>) -> StoreError {
+        StoreError {
+            message: self.message.clone(),
+            source: self
+                .source
+                .is_some()
+                .then(|| Box::new(RelayedSource(std::sync::Arc::clone(self))) as Box<dyn StdError + Send + Sync>),
+            unreadable: self.unreadable,
+        }
+    }
+}
+
+/// The source of a failure relayed to several callers: the original's source, shared.
+#[derive(Debug)]
+struct RelayedSource(std::sync::Arc<StoreError>);
+
+impl std::fmt::Display for RelayedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0.source {
+            Some(source) => source.fmt(f),
+            None => Ok(()),
+        }
+    }
+}
+
+impl StdError for RelayedSource {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source.as_deref().and_then(StdError::source)
+    }
 }
 
 /// `url` with its password replaced by `***` (`postgres://idem:***@db/x`), fit for an

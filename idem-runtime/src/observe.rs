@@ -238,3 +238,10 @@ pub(crate) fn reconciled(biz: &str, found: &'static str) {
         metrics::counter!("idem_reconciled_total", "biz" => biz.to_owned(), "found" => found).increment(1);
     }
 }
+
+/// How many keys callers are waiting on in this process. The waiters of one key share
+/// one reader of the store; a key leaves this count when its last waiter is answered,
+/// fails or is dropped.
+pub fn waited_keys() -> usize {
+    crate::call::open_flights()
+}

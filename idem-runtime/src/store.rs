@@ -75,6 +75,14 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
         false
     }
 
+    /// Where this store lives, so that the callers of one key waiting on it in this
+    /// process share one look at the store. The default, the store's own address, fits
+    /// every store; a handle that forwards to another (as `Arc<S>` does) gives its
+    /// target's.
+    fn instance(&self) -> *const () {
+        (self as *const Self).cast()
+    }
+
     /// Save the finished steps of the holder's call (`steps`, the whole JSON object of
     /// [`Record::steps`]), fenced like every holder write.
     ///
@@ -166,6 +174,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     fn seals(&self) -> bool {
         (**self).seals()
+    }
+
+    fn instance(&self) -> *const () {
+        (**self).instance()
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {

@@ -5,10 +5,12 @@
 //! shows the key free (released, expired, or a lapsed lease), so waiters do not contend
 //! with the holder's writes. `wait` bounds the whole wait, reads included.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 
+use super::flight::Seat;
+use super::gate::{self, Met, Turn};
 use super::{error_of, Call};
 use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, Lease};
 use crate::clock;
@@ -21,10 +23,6 @@ use crate::replay::{decode, DIGEST_PREFIX};
 use crate::retention::Tombstone;
 use crate::step::unknown_error;
 use crate::unknown::unsettled;
-
-/// Reading a `Processing` record while waiting: first and longest pause.
-const WAIT_FIRST_POLL: Duration = Duration::from_millis(5);
-const WAIT_LONGEST_POLL: Duration = Duration::from_millis(100);
 
 /// What admission came to, when it did not end the call with an error.
 pub(super) enum Admitted<T> {
@@ -48,6 +46,29 @@ impl Call<'_> {
         let admitting = Instant::now();
         let request = self.op.request_body();
         loop {
+            let ticket = match gate::turn(self.store, &self.op.biz, &self.key, deadline.is_some()).await {
+                Turn::Claim(ticket) => ticket,
+                // A claim of the key under way here met this: so would ours have.
+                Turn::Join => match self.wait_on(None, fingerprint, deadline).await? {
+                    Waited::Answered(answer) => return Ok(answer),
+                    Waited::Free => continue,
+                },
+                Turn::Took(met) => {
+                    let record = match &*met {
+                        Met::Claimed { fingerprint: theirs } => {
+                            if !fingerprints_agree(theirs.as_deref(), fingerprint) {
+                                return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+                            }
+                            None
+                        }
+                        Met::Existing(record) => Some(Record::clone(record)),
+                    };
+                    match self.wait_on(record, fingerprint, deadline).await? {
+                        Waited::Answered(answer) => return Ok(answer),
+                        Waited::Free => continue,
+                    }
+                }
+            };
             let claimed_at = Instant::now();
             let claim = Claim::new(
                 &self.op.biz,
@@ -65,6 +86,9 @@ impl Call<'_> {
                 .map_err(|e| self.store_error("claim", e))?;
             let record = match outcome {
                 ClaimOutcome::Acquired(lease) => {
+                    ticket.hand_on(Met::Claimed {
+                        fingerprint: fingerprint.map(str::to_owned),
+                    });
                     let lease = lease.with_retention(self.op.retention());
                     if self.lease_ahead(&lease, claimed_at).await? {
                         observe::claimed(&self.op.biz, lease.fence, lease.took_over(), admitting.elapsed());
@@ -73,9 +97,12 @@ impl Call<'_> {
                     // Taken over before the body started: nothing ran; claim again.
                     continue;
                 }
-                ClaimOutcome::Existing(record) => record,
+                ClaimOutcome::Existing(record) => {
+                    ticket.hand_on(Met::Existing(Box::new(record.clone())));
+                    record
+                }
             };
-            match self.wait_on(record, fingerprint, deadline).await? {
+            match self.wait_on(Some(record), fingerprint, deadline).await? {
                 Waited::Answered(answer) => return Ok(answer),
                 Waited::Free => continue,
             }
@@ -83,41 +110,45 @@ impl Call<'_> {
     }
 
     /// A live record stands in the way: answer from it, or read it until it finishes or
-    /// the key becomes free, within the deadline.
+    /// the key becomes free, within the deadline. The waiters of the key in this process
+    /// share the reads ([`Seat`]).
     async fn wait_on<T: DeserializeOwned>(
         &self,
-        mut record: Record,
+        record: Option<Record>,
         fingerprint: Option<&str>,
         deadline: Option<Instant>,
     ) -> Result<Waited<T>, Error> {
-        let mut pause = WAIT_FIRST_POLL;
-        let mut announced = false;
+        let mut seat: Option<Seat> = None;
+        let mut record = record;
         loop {
-            if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
-                return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
-            }
-            if record.status != Status::Processing {
-                return self.answer_finished(record).map(Waited::Answered);
-            }
-            if let Some(intent) = unsettled(&record) {
-                return Err(unknown_error(&Lease::of(&record), &intent));
+            // `None`: a claim under way here just took the key (its fingerprint was
+            // checked), or waiters here read it running; the next read tells more.
+            if let Some(record) = &record {
+                if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
+                    return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+                }
+                if record.status != Status::Processing {
+                    return self.answer_finished(record.clone()).map(Waited::Answered);
+                }
+                if let Some(intent) = unsettled(record) {
+                    return Err(unknown_error(&Lease::of(record), &intent));
+                }
             }
             let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));
             };
-            if !std::mem::replace(&mut announced, true) {
+            let seat = seat.get_or_insert_with(|| {
                 observe::waiting(&self.op.biz);
-            }
-            tokio::time::sleep(pause.min(deadline - Instant::now())).await;
-            pause = (pause * 2).min(WAIT_LONGEST_POLL);
-            let read = tokio::time::timeout_at(deadline.into(), self.store.get(&self.op.biz, &self.key)).await;
+                Seat::take(self.store, &self.op.biz, &self.key, deadline)
+            });
+            let Some(read) = seat.next().await else {
+                return Err(self.error(|biz, key| Error::InProgress { biz, key }));
+            };
             let now = clock::now();
-            record = match read {
-                Err(_elapsed) => return Err(self.error(|biz, key| Error::InProgress { biz, key })),
-                Ok(read) => match read.map_err(|e| self.store_error("get", e))? {
-                    Some(record) if !record.is_expired(now) && !record.lease_lapsed(now) => record,
-                    _ => return Ok(Waited::Free),
-                },
+            record = match &*read {
+                Err(error) => return Err(self.store_error("get", error.relayed())),
+                Ok(Some(record)) if !record.is_expired(now) && !record.lease_lapsed(now) => Some(record.clone()),
+                Ok(_) => return Ok(Waited::Free),
             };
         }
     }

@@ -2,6 +2,8 @@
 //! record), the body under its lease, and the recording of its outcome.
 
 mod admission;
+mod flight;
+mod gate;
 mod lease;
 mod outcome;
 pub(crate) mod transaction;
@@ -24,6 +26,7 @@ use crate::step::StepLog;
 use crate::store::OwnedStore;
 
 use admission::Admitted;
+pub(crate) use flight::open_flights;
 
 impl Idempotent {
     /// Run `body` at most once for `key` on this operation's store (or the installed

@@ -150,11 +150,15 @@ impl OutcomeWrite {
 
     async fn write(&self, store: &dyn IdempotencyStore) -> Result<FenceCheck, StoreError> {
         let lease = &self.lease;
-        match &self.verdict {
+        let written = match &self.verdict {
             Verdict::Succeeded(json) => store.complete(lease, json, clock::now(), self.ttl).await,
             Verdict::Failed(message) => store.fail(lease, message, clock::now(), self.ttl).await,
             Verdict::Released => store.release(lease).await,
+        };
+        if matches!(written, Ok(FenceCheck::Held)) {
+            super::flight::recorded_here(store, &lease.biz, &lease.key);
         }
+        written
     }
 
     /// The record no longer carries this lease: either an earlier try committed and its

@@ -8,6 +8,7 @@
 //! cargo run --release -p idem-lab --bin bench -- --http-only           # just the HTTP layer's
 //! cargo run --release -p idem-lab --bin bench -- --seal-only           # just what sealing costs
 //! cargo run --release -p idem-lab --bin bench -- --latency-only        # just the first table
+//! cargo run --release -p idem-lab --bin bench -- --storm-only          # just the storms
 //! cargo run --release -p idem-lab --bin bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
 //!
@@ -17,7 +18,8 @@
 //! mode against the same business transaction without idem, and the `Idempotency-Key`
 //! layer against the same axum handler without it, and a sealed store (`idem::seal`)
 //! against the same store unsealed. Then throughput of
-//! distinct keys with 1, 8 and 64 tasks, a storm of 1,000 concurrent calls on one key,
+//! distinct keys with 1, 8 and 64 tasks, storms of 1,000 concurrent calls on one key (in
+//! one process, and across four processes that share the key),
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
 //! query plans that show the indexes at work.
@@ -361,8 +363,7 @@ async fn backends() -> Vec<Backend> {
         floor: None,
         redis_floor: None,
     }];
-    let path = std::env::temp_dir().join(format!("idem-bench-{}.db", std::process::id()));
-    let sqlite = idem::SqliteStore::connect(&format!("sqlite://{}", path.display()))
+    let sqlite = idem::SqliteStore::connect(&format!("sqlite://{}", sqlite_path()))
         .await
         .unwrap();
     sqlite.migrate().await.unwrap();
@@ -447,6 +448,14 @@ async fn backends() -> Vec<Backend> {
         });
     }
     backends
+}
+
+/// The bench's SQLite file.
+fn sqlite_path() -> String {
+    std::env::temp_dir()
+        .join(format!("idem-bench-{}.db", std::process::id()))
+        .display()
+        .to_string()
 }
 
 fn run_id() -> u128 {
@@ -576,47 +585,6 @@ async fn throughput(backend: &Backend, tasks: usize, calls: usize) -> f64 {
     (per_task * tasks) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// 1,000 concurrent calls on one key: how long each caller waits for its answer.
-async fn storm(backend: &Backend, wait: bool) -> (Percentiles, Duration, usize, usize) {
-    let bodies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let key = format!("{}-storm", run_id());
-    let mut op = Idempotent::new("bench").store(backend.store.clone());
-    if wait {
-        op = op.wait(Duration::from_secs(30));
-    }
-    let op = Arc::new(op);
-    let started = Instant::now();
-    let handles: Vec<_> = (0..1000)
-        .map(|i| {
-            let (op, key, bodies) = (op.clone(), key.clone(), bodies.clone());
-            tokio::spawn(async move {
-                let began = Instant::now();
-                let outcome = op
-                    .execute(key, async move {
-                        bodies.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        bare(i).await
-                    })
-                    .await;
-                (began.elapsed(), outcome.is_ok())
-            })
-        })
-        .collect();
-    let mut samples = Vec::new();
-    let mut ok = 0;
-    for handle in handles {
-        let (took, success) = handle.await.unwrap();
-        samples.push(took);
-        ok += usize::from(success);
-    }
-    (
-        percentiles(samples),
-        started.elapsed(),
-        ok,
-        bodies.load(std::sync::atomic::Ordering::SeqCst),
-    )
-}
-
 fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -645,6 +613,7 @@ mod messages;
 mod redis_floor;
 mod sealed;
 mod seed_floor;
+mod storm;
 mod transactional;
 
 #[tokio::main]
@@ -661,6 +630,10 @@ async fn main() {
         redis_floor::powertools_side(&url, calls).await;
         return;
     }
+    if let Some(at) = args.iter().position(|a| a == "--storm-child") {
+        storm::child(&args[at + 1..]).await;
+        return;
+    }
     let backends = backends().await;
     println!("idem bench: {calls} calls a row, one run, release build; µs per call\n");
     if args.iter().any(|a| a == "--transactional-only") {
@@ -673,6 +646,10 @@ async fn main() {
     }
     if args.iter().any(|a| a == "--http-only") {
         http_layer::report(&backends, calls).await;
+        return;
+    }
+    if args.iter().any(|a| a == "--storm-only") {
+        storm::report(&backends, &sqlite_path()).await;
         return;
     }
     if args.iter().any(|a| a == "--seal-only") {
@@ -703,25 +680,7 @@ async fn main() {
         println!("| {} | {} |", backend.name, cells.join(" | "));
     }
 
-    println!("\n| backend | storm: 1,000 concurrent calls, one key, body 20 ms | p50 ms | p99 ms | all answered in | bodies run |");
-    println!("|---|---|---|---|---|---|");
-    for backend in &backends {
-        for wait in [false, true] {
-            let (p, total, ok, bodies) = storm(backend, wait).await;
-            let how = if wait {
-                "with `wait`: every caller gets the result"
-            } else {
-                "no wait: duplicates get InProgress"
-            };
-            println!(
-                "| {} | {how} ({ok} Ok) | {:.2} | {:.2} | {:.0} ms | {bodies} |",
-                backend.name,
-                p.p50.as_secs_f64() * 1e3,
-                p.p99.as_secs_f64() * 1e3,
-                total.as_secs_f64() * 1e3
-            );
-        }
-    }
+    storm::report(&backends, &sqlite_path()).await;
 
     let (bytes, n) = memory_per_record().await;
     println!(

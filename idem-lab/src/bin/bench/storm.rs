@@ -1,0 +1,208 @@
+//! Storms: 1,000 concurrent calls on one key whose body takes 20 ms, in one process and
+//! across four processes sharing the key (this one and three children of the same
+//! binary, started with `--storm-child`). How long each caller waits for its answer,
+//! and how many bodies ran.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use idem::{IdempotencyStore, Idempotent};
+
+use super::{bare, percentiles, run_id, Backend};
+
+/// The body every storm call runs.
+const BODY: Duration = Duration::from_millis(20);
+/// Callers in all.
+const CALLERS: usize = 1000;
+/// Processes of the shared storm.
+const PROCESSES: usize = 4;
+
+/// What one process of a storm saw.
+struct Seen {
+    /// Each caller's wait, from its call to its answer.
+    waits: Vec<Duration>,
+    ok: usize,
+    bodies: usize,
+    /// From the storm's start to this process's last answer.
+    last_answer: Duration,
+}
+
+/// `callers` concurrent calls of `key` on `store`, starting at `start` (wall clock, so
+/// that processes agree on it).
+async fn run(store: Arc<dyn IdempotencyStore>, key: &str, wait: bool, callers: usize, start: SystemTime) -> Seen {
+    let bodies = Arc::new(AtomicUsize::new(0));
+    let mut op = Idempotent::new("bench-storm").store(store);
+    if wait {
+        op = op.wait(Duration::from_secs(30));
+    }
+    let op = Arc::new(op);
+    if let Ok(ahead) = start.duration_since(SystemTime::now()) {
+        tokio::time::sleep(ahead).await;
+    }
+    let started = Instant::now();
+    let handles: Vec<_> = (0..callers)
+        .map(|i| {
+            let (op, key, bodies) = (op.clone(), key.to_owned(), bodies.clone());
+            tokio::spawn(async move {
+                let began = Instant::now();
+                let outcome = op
+                    .execute(key, async move {
+                        bodies.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(BODY).await;
+                        bare(i as u64).await
+                    })
+                    .await;
+                (began.elapsed(), outcome.is_ok())
+            })
+        })
+        .collect();
+    let mut seen = Seen {
+        waits: Vec::with_capacity(callers),
+        ok: 0,
+        bodies: 0,
+        last_answer: Duration::ZERO,
+    };
+    for handle in handles {
+        let (took, success) = handle.await.unwrap();
+        seen.waits.push(took);
+        seen.ok += usize::from(success);
+    }
+    seen.last_answer = started.elapsed();
+    seen.bodies = bodies.load(Ordering::SeqCst);
+    seen
+}
+
+/// The table's rows for every backend.
+pub async fn report(backends: &[Backend], sqlite_path: &str) {
+    println!(
+        "\n| backend | storm: 1,000 concurrent calls, one key, body 20 ms | p50 ms | p99 ms | all answered in | ÷ body | bodies run |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for backend in backends {
+        for wait in [false, true] {
+            let key = format!("{}-storm", run_id());
+            let seen = run(backend.store.clone(), &key, wait, CALLERS, SystemTime::now()).await;
+            let how = if wait {
+                "with `wait`, one process: every caller gets the result"
+            } else {
+                "no wait: duplicates get InProgress"
+            };
+            row(backend.name, how, seen);
+        }
+        // A MemoryStore is one process's; the others are the stores a child opens.
+        if !["SQLite file", "PostgreSQL", "MariaDB", "Redis"].contains(&backend.name) {
+            continue;
+        }
+        let seen = across_processes(backend, sqlite_path).await;
+        row(
+            backend.name,
+            "with `wait`, four processes (250 callers each): every caller gets the result",
+            seen,
+        );
+    }
+}
+
+fn row(backend: &str, how: &str, seen: Seen) {
+    let p = percentiles(seen.waits);
+    println!(
+        "| {backend} | {how} ({} Ok) | {:.2} | {:.2} | {:.0} ms | {:.1}× | {} |",
+        seen.ok,
+        p.p50.as_secs_f64() * 1e3,
+        p.p99.as_secs_f64() * 1e3,
+        seen.last_answer.as_secs_f64() * 1e3,
+        seen.last_answer.as_secs_f64() / BODY.as_secs_f64(),
+        seen.bodies
+    );
+}
+
+/// The storm split over four processes: three children and this one, all starting at
+/// one instant a second from now.
+async fn across_processes(backend: &Backend, sqlite_path: &str) -> Seen {
+    let key = format!("{}-shared-storm", run_id());
+    let start = SystemTime::now() + Duration::from_secs(1);
+    let start_micros = start.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros();
+    let callers = CALLERS / PROCESSES;
+    let children: Vec<_> = (1..PROCESSES)
+        .map(|_| {
+            tokio::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--storm-child",
+                    backend.name,
+                    &key,
+                    &start_micros.to_string(),
+                    sqlite_path,
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("a storm child")
+        })
+        .collect();
+    let mut seen = run(backend.store.clone(), &key, true, callers, start).await;
+    for child in children {
+        let output = child.wait_with_output().await.unwrap();
+        assert!(output.status.success(), "a storm child failed");
+        let line = String::from_utf8(output.stdout).unwrap();
+        let fields: Vec<u128> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|field| field.parse().unwrap())
+            .collect();
+        let [ok, bodies, last_answer, ref waits @ ..] = fields[..] else {
+            panic!("a storm child printed {line:?}")
+        };
+        seen.ok += ok as usize;
+        seen.bodies += bodies as usize;
+        seen.last_answer = seen.last_answer.max(Duration::from_micros(last_answer as u64));
+        seen.waits
+            .extend(waits.iter().map(|micros| Duration::from_micros(*micros as u64)));
+    }
+    seen
+}
+
+/// A child of the shared storm: `--storm-child BACKEND KEY START_MICROS SQLITE_PATH`.
+/// Prints `STORM ok bodies last-answer-µs wait-µs…`.
+pub async fn child(args: &[String]) {
+    let [backend, key, start, sqlite_path] = args else {
+        panic!("--storm-child BACKEND KEY START_MICROS SQLITE_PATH")
+    };
+    let start = SystemTime::UNIX_EPOCH + Duration::from_micros(start.parse().unwrap());
+    let store = open(backend, sqlite_path).await;
+    let seen = run(store, key, true, CALLERS / PROCESSES, start).await;
+    let waits: Vec<String> = seen.waits.iter().map(|wait| wait.as_micros().to_string()).collect();
+    println!(
+        "STORM {} {} {} {}",
+        seen.ok,
+        seen.bodies,
+        seen.last_answer.as_micros(),
+        waits.join(" ")
+    );
+}
+
+/// The parent's store of `backend`, opened again in a child (its table as it is).
+async fn open(backend: &str, sqlite_path: &str) -> Arc<dyn IdempotencyStore> {
+    let url = |var: &str| std::env::var(var).unwrap_or_else(|_| panic!("{var}: the parent's server"));
+    match backend {
+        "SQLite file" => Arc::new(
+            idem::SqliteStore::connect(&format!("sqlite://{sqlite_path}"))
+                .await
+                .unwrap(),
+        ),
+        "PostgreSQL" => Arc::new(
+            idem::PostgresStore::connect(&url("IDEM_TEST_POSTGRES_URL"))
+                .await
+                .unwrap()
+                .with_table_name("idem_bench_record")
+                .unwrap(),
+        ),
+        "MariaDB" => Arc::new(
+            idem::MySqlStore::connect(&url("IDEM_TEST_MYSQL_URL"))
+                .await
+                .unwrap()
+                .with_table_name("idem_bench_record")
+                .unwrap(),
+        ),
+        "Redis" => Arc::new(idem::RedisStore::connect(&url("IDEM_TEST_REDIS_URL")).await.unwrap()),
+        other => panic!("no shared storm on {other}"),
+    }
+}

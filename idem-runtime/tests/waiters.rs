@@ -1,0 +1,214 @@
+//! Duplicates that wait: the callers of one key in one process share one claim and one
+//! read a round, a waiter dropped mid-wait leaves nothing behind, and a waiter reads
+//! once more just before its deadline.
+//!
+//! The store is a `MemoryStore` behind a wrapper that counts what reaches it. The tests
+//! run one at a time: the count of waited keys is the process's.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use async_trait::async_trait;
+use idem_runtime::{
+    observe, Claim, ClaimOutcome, Error, FenceCheck, IdempotencyStore, Idempotent, Lease, MemoryStore, Record,
+    StoreError,
+};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A `MemoryStore` that counts its claims and reads, and the most reads at once.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: MemoryStore,
+    claims: AtomicUsize,
+    reads: AtomicUsize,
+    reading: AtomicUsize,
+    most_reading: AtomicUsize,
+}
+
+impl Counting {
+    fn on(inner: MemoryStore) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            ..Counting::default()
+        })
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for Counting {
+    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        // A claim that takes a moment, as a server's does, so claims could overlap.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        self.inner.claim(claim).await
+    }
+    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
+        self.inner.renew(lease, now, lease_for).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        response: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.inner.complete(lease, response, now, ttl).await
+    }
+    async fn fail(
+        &self,
+        lease: &Lease,
+        message: &str,
+        now: SystemTime,
+        ttl: Duration,
+    ) -> Result<FenceCheck, StoreError> {
+        self.inner.fail(lease, message, now, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let now = self.reading.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_reading.fetch_max(now, Ordering::SeqCst);
+        // A read that takes a moment, as a server's does, so reads could overlap.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let record = self.inner.get(biz, key).await;
+        self.reading.fetch_sub(1, Ordering::SeqCst);
+        record
+    }
+    async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
+        self.inner.purge_expired(now, limit).await
+    }
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let given_up = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < given_up, "waited 10 s for {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_share_one_claim_and_one_read_a_round() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let store = Counting::on(MemoryStore::new());
+    let op = Arc::new(
+        Idempotent::new("shared-waits")
+            .store(store.clone())
+            .wait(Duration::from_secs(20)),
+    );
+    let bodies = Arc::new(AtomicUsize::new(0));
+    let calls: Vec<_> = (0..1000)
+        .map(|i| {
+            let (op, bodies) = (op.clone(), bodies.clone());
+            tokio::spawn(async move {
+                op.execute("k", async move {
+                    bodies.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Ok::<_, Error>(format!("answer of caller {i}"))
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap().expect("every waiter is answered"));
+    }
+    assert_eq!(bodies.load(Ordering::SeqCst), 1, "one body ran");
+    assert!(
+        answers.iter().all(|answer| *answer == answers[0]),
+        "every caller got the first answer"
+    );
+    let (claims, reads, most) = (
+        store.claims.load(Ordering::SeqCst),
+        store.reads.load(Ordering::SeqCst),
+        store.most_reading.load(Ordering::SeqCst),
+    );
+    // The holder's claim, and the first duplicate's, which met its record; the others
+    // took that claim's outcome or joined the waiters reading.
+    assert!(claims <= 2, "the thousand callers sent {claims} claims");
+    assert_eq!(most, 1, "{most} reads at once: the waiters did not share them");
+    // The reads of one schedule over 200 ms: 5, 15, 35, 75, 155 ms, and the one the
+    // completion here asks for.
+    assert!(reads <= 10, "{reads} reads for a thousand waiters of one 200 ms body");
+    assert_eq!(observe::waited_keys(), 0, "the flight closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_leaves_nothing_behind() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let store = Counting::on(MemoryStore::new());
+    let op = Arc::new(
+        Idempotent::new("dropped-waits")
+            .store(store.clone())
+            .wait(Duration::from_secs(30)),
+    );
+    let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn({
+        let op = op.clone();
+        async move {
+            op.execute("k", async move {
+                let _ = finished.await;
+                Ok::<_, Error>("first".to_owned())
+            })
+            .await
+        }
+    });
+    until("the holder's claim", || store.claims.load(Ordering::SeqCst) == 1).await;
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let op = op.clone();
+            tokio::spawn(async move { op.execute("k", async { Ok::<_, Error>("second".to_owned()) }).await })
+        })
+        .collect();
+    until("a reader for the waiters", || observe::waited_keys() == 1).await;
+    until("a first read", || store.reads.load(Ordering::SeqCst) > 0).await;
+    for waiter in &waiters {
+        waiter.abort();
+    }
+    for waiter in waiters {
+        assert!(waiter.await.unwrap_err().is_cancelled());
+    }
+    until("the flight to close", || observe::waited_keys() == 0).await;
+    let reads = store.reads.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        store.reads.load(Ordering::SeqCst),
+        reads,
+        "the store was still read for waiters that had gone"
+    );
+    finish.send(()).unwrap();
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_reads_once_more_before_its_deadline() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    // Two handles of one store: the holder's completion is not this process's news to
+    // the waiter's reader, which must find it by reading.
+    let records = MemoryStore::new();
+    let (holding, waiting) = (Counting::on(records.clone()), Counting::on(records));
+    let holder = tokio::spawn(async move {
+        Idempotent::new("deadline-waits")
+            .store(holding)
+            .execute("k", async {
+                tokio::time::sleep(Duration::from_millis(120)).await;
+                Ok::<_, Error>("first".to_owned())
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    // The schedule reads at 5, 15, 35 and 75 ms, and next at 155 ms: past the waiter's
+    // 150 ms. The read just before its deadline meets the record finished at 120 ms.
+    let waited = Idempotent::new("deadline-waits")
+        .store(waiting.clone())
+        .wait(Duration::from_millis(150))
+        .execute("k", async { Ok::<_, Error>("second".to_owned()) })
+        .await;
+    assert_eq!(waited.expect("the last read before the deadline answers"), "first");
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+}
