@@ -73,3 +73,53 @@ async fn timestamps_are_native_and_migrations_untouched() {
         .unwrap();
     assert_eq!(history, None, "the application's migration history is not touched");
 }
+
+/// A thousand callers waiting on one key share one reader of the record and one claim:
+/// a pool that may open 50 connections opens a few, not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_use_a_few_connections() {
+    let Some(url) = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(50)
+        .connect(&url)
+        .await
+        .expect("connect to PostgreSQL");
+    let store = PostgresStore::new(pool);
+    store.migrate().await.expect("migrate");
+    let op = Arc::new(
+        idem::Idempotent::new("waiters-connections")
+            .store(Arc::new(store.clone()))
+            .wait(Duration::from_secs(30)),
+    );
+    let key = format!("k-{}", std::process::id());
+    let bodies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let calls: Vec<_> = (0..1000)
+        .map(|i| {
+            let (op, key, bodies) = (op.clone(), key.clone(), bodies.clone());
+            tokio::spawn(async move {
+                op.execute(key, async move {
+                    bodies.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok::<_, idem::Error>(format!("answer of caller {i}"))
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap().expect("every waiter is answered"));
+    }
+    assert_eq!(bodies.load(std::sync::atomic::Ordering::SeqCst), 1, "one body ran");
+    assert!(
+        answers.iter().all(|answer| *answer == answers[0]),
+        "every caller got the first answer"
+    );
+    let opened = store.pool().size();
+    assert!(
+        opened <= 4,
+        "the pool opened {opened} connections for a thousand waiters of one key"
+    );
+}

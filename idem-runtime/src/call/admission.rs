@@ -46,63 +46,55 @@ impl Call<'_> {
         let admitting = Instant::now();
         let request = self.op.request_body();
         loop {
-            let ticket = match gate::turn(self.store, &self.op.biz, &self.key, deadline.is_some()).await {
-                Turn::Claim(ticket) => ticket,
+            // The record in the way, as this caller's claim met it; `None` when it is
+            // running with a fingerprint that agrees, and the next read tells more.
+            let in_the_way = match gate::turn(self.store, &self.op.biz, &self.key, deadline.is_some()).await {
+                Turn::Join => None,
                 // A claim of the key under way here met this: so would ours have.
-                Turn::Join => match self.wait_on(None, fingerprint, deadline).await? {
-                    Waited::Answered(answer) => return Ok(answer),
-                    Waited::Free => continue,
+                Turn::Took(met) => match &*met {
+                    Met::Claimed { fingerprint: theirs } if !fingerprints_agree(theirs.as_deref(), fingerprint) => {
+                        return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+                    }
+                    Met::Claimed { .. } => None,
+                    Met::Existing(record) => Some(Record::clone(record)),
                 },
-                Turn::Took(met) => {
-                    let record = match &*met {
-                        Met::Claimed { fingerprint: theirs } => {
-                            if !fingerprints_agree(theirs.as_deref(), fingerprint) {
-                                return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+                Turn::Claim(ticket) => {
+                    let claimed_at = Instant::now();
+                    let claim = Claim::new(
+                        &self.op.biz,
+                        &self.key,
+                        clock::now(),
+                        self.op.stored_lease(),
+                        self.op.ttl,
+                    )
+                    .with_fingerprint(fingerprint)
+                    .with_request_body(request.as_deref());
+                    let outcome = self
+                        .store
+                        .claim(&claim)
+                        .await
+                        .map_err(|e| self.store_error("claim", e))?;
+                    match outcome {
+                        ClaimOutcome::Acquired(lease) => {
+                            ticket.hand_on(|| Met::Claimed {
+                                fingerprint: fingerprint.map(str::to_owned),
+                            });
+                            let lease = lease.with_retention(self.op.retention());
+                            if self.lease_ahead(&lease, claimed_at).await? {
+                                observe::claimed(&self.op.biz, lease.fence, lease.took_over(), admitting.elapsed());
+                                return Ok(Admitted::Claimed(lease));
                             }
-                            None
+                            // Taken over before the body started: nothing ran; claim again.
+                            continue;
                         }
-                        Met::Existing(record) => Some(Record::clone(record)),
-                    };
-                    match self.wait_on(record, fingerprint, deadline).await? {
-                        Waited::Answered(answer) => return Ok(answer),
-                        Waited::Free => continue,
+                        ClaimOutcome::Existing(record) => {
+                            ticket.hand_on(|| Met::Existing(Box::new(record.clone())));
+                            Some(record)
+                        }
                     }
                 }
             };
-            let claimed_at = Instant::now();
-            let claim = Claim::new(
-                &self.op.biz,
-                &self.key,
-                clock::now(),
-                self.op.stored_lease(),
-                self.op.ttl,
-            )
-            .with_fingerprint(fingerprint)
-            .with_request_body(request.as_deref());
-            let outcome = self
-                .store
-                .claim(&claim)
-                .await
-                .map_err(|e| self.store_error("claim", e))?;
-            let record = match outcome {
-                ClaimOutcome::Acquired(lease) => {
-                    ticket.hand_on(Met::Claimed {
-                        fingerprint: fingerprint.map(str::to_owned),
-                    });
-                    let lease = lease.with_retention(self.op.retention());
-                    if self.lease_ahead(&lease, claimed_at).await? {
-                        observe::claimed(&self.op.biz, lease.fence, lease.took_over(), admitting.elapsed());
-                        return Ok(Admitted::Claimed(lease));
-                    }
-                    // Taken over before the body started: nothing ran; claim again.
-                    continue;
-                }
-                ClaimOutcome::Existing(record) => {
-                    ticket.hand_on(Met::Existing(Box::new(record.clone())));
-                    record
-                }
-            };
-            match self.wait_on(Some(record), fingerprint, deadline).await? {
+            match self.wait_on(in_the_way, fingerprint, deadline).await? {
                 Waited::Answered(answer) => return Ok(answer),
                 Waited::Free => continue,
             }

@@ -82,9 +82,14 @@ pub(crate) fn open_flights() -> usize {
     lock(&FLIGHTS).len()
 }
 
+/// Whether any key is waited on here: a cheap look before [`is_open`].
+pub(super) fn any_open() -> bool {
+    OPEN.load(Ordering::Relaxed) > 0
+}
+
 /// Whether waiters of `key` are reading here already.
 pub(super) fn is_open(key: &FlightKey) -> bool {
-    OPEN.load(Ordering::Relaxed) > 0 && lock(&FLIGHTS).get(key).is_some_and(|open| open.strong_count() > 0)
+    lock(&FLIGHTS).get(key).is_some_and(|open| open.strong_count() > 0)
 }
 
 /// This process recorded the outcome of `(biz, key)` on `store`: its waiters here read

@@ -12,8 +12,11 @@
 //! again themselves.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
+use foldhash::fast::FixedState;
 use tokio::sync::watch;
 
 use crate::record::Record;
@@ -52,21 +55,48 @@ pub(super) enum Turn {
     Join,
 }
 
+/// How many claims are under way here, by a hash of their key: a claim whose slot is
+/// empty needs no entry in [`UNDER_WAY`], so a call without duplicates pays two atomic
+/// additions and a hash, not an allocation and a lock. A claim that finds its slot
+/// taken (by its key, or by another that hashes alike) goes through the map.
+static CLAIMING: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
+const SLOTS: usize = 4096;
+
+fn slot_of(store: &dyn OwnedStore, biz: &str, key: &str) -> usize {
+    let hash = FixedState::with_seed(0).hash_one((store.instance() as usize, biz, key));
+    (hash % SLOTS as u64) as usize
+}
+
 /// Wait for a turn: the claim of `(biz, key)` on `store`, or the outcome of the one
 /// under way, or (for a caller that `waits`) the waiters already reading.
 pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool) -> Turn {
+    let slot = slot_of(store, biz, key);
     loop {
-        let flight_key = FlightKey::new(store, biz, key);
-        if waits && flight::is_open(&flight_key) {
+        if waits && flight::any_open() && flight::is_open(&FlightKey::new(store, biz, key)) {
             return Turn::Join;
         }
+        if CLAIMING[slot].fetch_add(1, Ordering::AcqRel) == 0 {
+            return Turn::Claim(Ticket {
+                slot,
+                key: None,
+                open: true,
+            });
+        }
+        let flight_key = FlightKey::new(store, biz, key);
         let mut behind = {
             let mut under_way = under_way();
             match under_way.get(&flight_key) {
-                Some(claim) => claim.subscribe(),
+                Some(claim) => {
+                    CLAIMING[slot].fetch_sub(1, Ordering::AcqRel);
+                    claim.subscribe()
+                }
                 None => {
                     under_way.insert(flight_key.clone(), watch::channel(None).0);
-                    return Turn::Claim(Ticket { key: Some(flight_key) });
+                    return Turn::Claim(Ticket {
+                        slot,
+                        key: Some(flight_key),
+                        open: true,
+                    });
                 }
             }
         };
@@ -83,21 +113,30 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
 
 /// The right to claim a key: whatever the claim meets is handed to the callers behind.
 pub(super) struct Ticket {
+    slot: usize,
+    /// Its entry in [`UNDER_WAY`], when its slot was taken.
     key: Option<FlightKey>,
+    open: bool,
 }
 
 impl Ticket {
-    /// Hand on what the claim met.
-    pub(super) fn hand_on(mut self, met: Met) {
-        self.close(Some(Arc::new(met)));
+    /// Hand on what the claim met (built only when callers may be behind).
+    pub(super) fn hand_on(mut self, met: impl FnOnce() -> Met) {
+        let handed = self.key.is_some().then(|| Arc::new(met()));
+        self.close(handed);
     }
 
     /// Close the gate with `handed`: callers behind take it, callers after claim anew.
     fn close(&mut self, handed: Handed) {
-        let Some(key) = self.key.take() else { return };
-        if let Some(claim) = under_way().remove(&key) {
-            claim.send_replace(Some(handed));
+        if !std::mem::replace(&mut self.open, false) {
+            return;
         }
+        if let Some(key) = self.key.take() {
+            if let Some(claim) = under_way().remove(&key) {
+                claim.send_replace(Some(handed));
+            }
+        }
+        CLAIMING[self.slot].fetch_sub(1, Ordering::AcqRel);
     }
 }
 
