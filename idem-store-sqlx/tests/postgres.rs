@@ -117,9 +117,11 @@ async fn a_thousand_waiters_use_a_few_connections() {
         answers.iter().all(|answer| *answer == answers[0]),
         "every caller got the first answer"
     );
+    // The holder's claim and completion, a duplicate's claim or two, the reader: a few.
+    // Without the gate or the shared reader, the pool grows toward its 50.
     let opened = store.pool().size();
     assert!(
-        opened <= 4,
+        opened <= 8,
         "the pool opened {opened} connections for a thousand waiters of one key"
     );
 }
