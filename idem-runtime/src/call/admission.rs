@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 
-use super::flight::Seat;
+use super::flight::{stands, Seat};
 use super::gate::{self, Met, Turn};
 use super::{error_of, Call};
 use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, Lease};
@@ -115,15 +115,15 @@ impl Call<'_> {
         loop {
             // `None`: a claim under way here just took the key (its fingerprint was
             // checked), or waiters here read it running; the next read tells more.
-            if let Some(record) = &record {
+            if let Some(record) = record.take() {
                 if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
                     return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
                 }
                 if record.status != Status::Processing {
-                    return self.answer_finished(record.clone()).map(Waited::Answered);
+                    return self.answer_finished(record).map(Waited::Answered);
                 }
-                if let Some(intent) = unsettled(record) {
-                    return Err(unknown_error(&Lease::of(record), &intent));
+                if let Some(intent) = unsettled(&record) {
+                    return Err(unknown_error(&Lease::of(&record), &intent));
                 }
             }
             let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
@@ -139,7 +139,7 @@ impl Call<'_> {
             let now = clock::now();
             record = match &*read {
                 Err(error) => return Err(self.store_error("get", error.relayed())),
-                Ok(Some(record)) if !record.is_expired(now) && !record.lease_lapsed(now) => Some(record.clone()),
+                Ok(Some(record)) if stands(record, now) => Some(record.clone()),
                 Ok(_) => return Ok(Waited::Free),
             };
         }

@@ -77,14 +77,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How many flights are open in this process: waited keys with a reader.
+/// How many flights are open in this process: waited keys with a waiter seated.
 pub(crate) fn open_flights() -> usize {
-    lock(&FLIGHTS).len()
+    OPEN.load(Ordering::Relaxed)
 }
 
 /// Whether any key is waited on here: a cheap look before [`is_open`].
 pub(super) fn any_open() -> bool {
-    OPEN.load(Ordering::Relaxed) > 0
+    open_flights() > 0
 }
 
 /// Whether waiters of `key` are reading here already.
@@ -95,7 +95,7 @@ pub(super) fn is_open(key: &FlightKey) -> bool {
 /// This process recorded the outcome of `(biz, key)` on `store`: its waiters here read
 /// at once, without waiting for their schedule.
 pub(super) fn recorded_here(store: &dyn IdempotencyStore, biz: &str, key: &str) {
-    if OPEN.load(Ordering::Relaxed) == 0 {
+    if !any_open() {
         return;
     }
     let flight = lock(&FLIGHTS)
@@ -336,11 +336,12 @@ fn settles(read: &Read) -> bool {
     let now = clock::now();
     match read {
         Err(_) | Ok(None) => true,
-        Ok(Some(record)) => {
-            record.status != Status::Processing
-                || record.is_expired(now)
-                || record.lease_lapsed(now)
-                || unsettled(record).is_some()
-        }
+        Ok(Some(record)) => record.status != Status::Processing || !stands(record, now) || unsettled(record).is_some(),
     }
+}
+
+/// Whether a record read at `now` still stands in the way of a claim: neither expired
+/// nor with its lease lapsed.
+pub(super) fn stands(record: &Record, now: std::time::SystemTime) -> bool {
+    !record.is_expired(now) && !record.lease_lapsed(now)
 }
