@@ -355,6 +355,7 @@ pub use idem_runtime::sweeper;
 /// What a store implementation needs: the claim and its outcome, the lease a holder
 /// writes under, and the store's own error. Applications need none of it.
 pub mod store {
+    pub use idem_runtime::notice::{Notice, Notices};
     pub use idem_runtime::{
         fingerprints_agree, now, redacted_url, Admission, Claim, ClaimOutcome, FenceCheck, IdempotencyStore, Lease,
         OwnedStore, Record, Retention, Status, StoreError, Tombstone, TransactionClaim, TransactionStore,

@@ -184,6 +184,10 @@ impl<S: IdempotencyStore> IdempotencyStore for CachedStore<S> {
         self.inner.seals()
     }
 
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<crate::notice::Notice>, StoreError> {
+        self.inner.watch(biz, key).await
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.inner.get(biz, key).await
     }

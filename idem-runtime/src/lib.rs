@@ -44,6 +44,7 @@ mod error;
 mod fingerprint;
 mod key;
 mod memory;
+pub mod notice;
 pub mod observe;
 mod operation;
 pub mod pages;

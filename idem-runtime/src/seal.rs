@@ -575,6 +575,10 @@ impl IdempotencyStore for SealedStore {
         true
     }
 
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<crate::notice::Notice>, StoreError> {
+        self.inner.watch(biz, key).await
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.inner
             .get(biz, key)

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::error::StoreError;
+use crate::notice::Notice;
 use crate::record::Record;
 
 /// Where idempotency records live.
@@ -81,6 +82,22 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     /// target's.
     fn instance(&self) -> *const () {
         (self as *const Self).cast()
+    }
+
+    /// Ask to be told when the record of `(biz, key)`, still `Processing`, finishes
+    /// elsewhere (another process completes, fails or releases it): the
+    /// [`Notice`] arrives then, or when the store may have missed telling (its listening
+    /// connection dropped). The waiters of the key in this process read the record when
+    /// it arrives instead of polling for it; they still read it once after this call
+    /// (it may have finished meanwhile) and before each deadline (a notice can be
+    /// lost).
+    ///
+    /// `Ok(None)` where the store cannot tell — the default; waiters then read on a
+    /// schedule fitted to how long the biz's calls take. A wrapper forwards its inner
+    /// store's answer.
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
+        let _ = (biz, key);
+        Ok(None)
     }
 
     /// Save the finished steps of the holder's call (`steps`, the whole JSON object of
@@ -162,6 +179,10 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
         (**self).record_steps(lease, steps).await
+    }
+
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
+        (**self).watch(biz, key).await
     }
 
     fn kind(&self) -> &'static str {

@@ -138,6 +138,10 @@ impl<F: IdempotencyStore, B: IdempotencyStore> IdempotencyStore for TieredStore<
         self.front.seals() || self.back.seals()
     }
 
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<crate::notice::Notice>, StoreError> {
+        self.back.watch(biz, key).await
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.back.get(biz, key).await
     }

@@ -1,6 +1,7 @@
 //! Duplicates that wait: the callers of one key in one process share one claim and one
 //! read a round, a waiter dropped mid-wait leaves nothing behind, and a waiter reads
-//! once more just before its deadline.
+//! once more just before its deadline. Where the store tells of completions, a notice
+//! wakes the waiters at once, and one lost or never sent costs a read, never an answer.
 //!
 //! The store is a `MemoryStore` behind a wrapper that counts what reaches it. The tests
 //! run one at a time: the count of waited keys is the process's.
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use idem_runtime::notice::{Notice, Notices};
 use idem_runtime::{
     observe, Claim, ClaimOutcome, Error, FenceCheck, IdempotencyStore, Idempotent, Lease, MemoryStore, Record,
     StoreError,
@@ -25,12 +27,27 @@ struct Counting {
     reads: AtomicUsize,
     reading: AtomicUsize,
     most_reading: AtomicUsize,
+    /// The store's notices, where it gives them; with `rings`, its completions ring
+    /// them (a store whose messages get through).
+    notices: Option<Notices>,
+    rings: bool,
 }
 
 impl Counting {
     fn on(inner: MemoryStore) -> Arc<Counting> {
         Arc::new(Counting {
             inner,
+            ..Counting::default()
+        })
+    }
+
+    /// A handle that watches through `notices` and, when it `rings`, tells of its
+    /// completions there.
+    fn told_by(inner: MemoryStore, notices: &Notices, rings: bool) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            notices: Some(notices.clone()),
+            rings,
             ..Counting::default()
         })
     }
@@ -54,7 +71,11 @@ impl IdempotencyStore for Counting {
         now: SystemTime,
         ttl: Duration,
     ) -> Result<FenceCheck, StoreError> {
-        self.inner.complete(lease, response, now, ttl).await
+        let written = self.inner.complete(lease, response, now, ttl).await;
+        if let Some(notices) = self.notices.as_ref().filter(|_| self.rings) {
+            notices.completed(&lease.biz, &lease.key);
+        }
+        written
     }
     async fn fail(
         &self,
@@ -67,6 +88,9 @@ impl IdempotencyStore for Counting {
     }
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
         self.inner.release(lease).await
+    }
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
+        Ok(self.notices.as_ref().map(|notices| notices.watch(biz, key)))
     }
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
@@ -211,6 +235,115 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
         .wait(Duration::from_millis(150))
         .execute("k", async { Ok::<_, Error>("second".to_owned()) })
         .await;
+    assert_eq!(waited.expect("the last read before the deadline answers"), "first");
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+}
+
+/// A holder on one handle of the store (its completion is news to the waiter's reader
+/// only through the store's notices) whose body takes `body`; how it is awaited, and
+/// when the body ended.
+fn hold(
+    biz: &'static str,
+    holding: Arc<Counting>,
+    body: Duration,
+) -> (
+    tokio::task::JoinHandle<Result<String, Error>>,
+    Arc<std::sync::OnceLock<Instant>>,
+) {
+    let ended = Arc::new(std::sync::OnceLock::new());
+    let holder = tokio::spawn({
+        let ended = ended.clone();
+        async move {
+            Idempotent::new(biz)
+                .store(holding)
+                .execute("k", async move {
+                    tokio::time::sleep(body).await;
+                    ended.set(Instant::now()).unwrap();
+                    Ok::<_, Error>("first".to_owned())
+                })
+                .await
+        }
+    });
+    (holder, ended)
+}
+
+/// A waiter of `biz`'s key `k` on `waiting`, for at most `wait`.
+async fn wait_on(biz: &'static str, waiting: Arc<Counting>, wait: Duration) -> Result<String, Error> {
+    Idempotent::new(biz)
+        .store(waiting)
+        .wait(wait)
+        .execute("k", async { Ok::<_, Error>("second".to_owned()) })
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_wakes_the_waiters_at_once() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (records, notices) = (MemoryStore::new(), Notices::new());
+    let waiting = Counting::told_by(records.clone(), &notices, false);
+    let (holder, ended) = hold(
+        "noticed-waits",
+        Counting::told_by(records, &notices, true),
+        Duration::from_millis(1500),
+    );
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let waited = wait_on("noticed-waits", waiting.clone(), Duration::from_secs(10)).await;
+    let answered = Instant::now();
+    assert_eq!(waited.expect("the waiter is answered"), "first");
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+    let late = answered - *ended.get().unwrap();
+    // Without the notice, the next look on its own is a second after the last.
+    assert!(
+        late < Duration::from_millis(300),
+        "answered {late:?} after the body ended"
+    );
+    // The first look, one a second later, and the one the notice asked for; a reader
+    // on a schedule reads about twenty times in 1.5 s.
+    let reads = waiting.reads.load(Ordering::SeqCst);
+    assert!(reads <= 4, "{reads} reads for a waiter the store tells");
+    assert_eq!(notices.watched(), 0, "the watch ended with the flight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_notice_costs_a_read_not_an_answer() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (records, notices) = (MemoryStore::new(), Notices::new());
+    let waiting = Counting::told_by(records.clone(), &notices, false);
+    // The holder's completion rings nothing: its message was lost.
+    let (holder, ended) = hold(
+        "lost-notices",
+        Counting::told_by(records, &notices, false),
+        Duration::from_millis(1200),
+    );
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let waiter = tokio::spawn(wait_on("lost-notices", waiting, Duration::from_secs(10)));
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+    // What a listener does when its connection dropped: every watched key is read.
+    notices.lost();
+    let told = Instant::now();
+    assert_eq!(waiter.await.unwrap().expect("the waiter is answered"), "first");
+    let late = told.elapsed();
+    assert!(
+        late < Duration::from_millis(300),
+        "answered {late:?} after the loss was told"
+    );
+    assert!(ended.get().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_never_sent_still_answers_before_the_deadline() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (records, notices) = (MemoryStore::new(), Notices::new());
+    let waiting = Counting::told_by(records.clone(), &notices, false);
+    let (holder, _) = hold(
+        "unsent-notices",
+        Counting::told_by(records, &notices, false),
+        Duration::from_millis(300),
+    );
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    // The reader looks on its own a second after its first look: past this waiter's
+    // 700 ms. Its read just before the deadline meets the record finished at 300 ms.
+    let waited = wait_on("unsent-notices", waiting, Duration::from_millis(700)).await;
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
     assert_eq!(holder.await.unwrap().unwrap(), "first");
 }

@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS "idempotent_record" (
   subject VARCHAR(64),
   replay_until TIMESTAMPTZ,
   tombstone VARCHAR(16),
+  watched BOOLEAN,
   PRIMARY KEY (biz_type, idempotent_key)
 );
 CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);

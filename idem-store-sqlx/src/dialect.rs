@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use idem_runtime::notice::Notice;
 use idem_runtime::{Claim, Lease, LeaseClock, Record, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
@@ -33,6 +34,8 @@ pub(crate) struct Parts<DB: Database> {
     /// The dialect's bounded strip of records past their replay to tombstones, run
     /// with the purge (and bound as it is).
     pub strip_sql: Arc<str>,
+    /// The store's listener for completions, started by the first watch (PostgreSQL).
+    pub listening: Arc<OnceCell<crate::listen::Listening>>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
     pub table_checked: Arc<OnceCell<()>>,
     /// The statement `get` runs, when the server needs another than `sql.get` (a causal
@@ -49,6 +52,7 @@ impl<DB: Database> Clone for Parts<DB> {
             insert_sql: self.insert_sql.clone(),
             purge_sql: self.purge_sql.clone(),
             strip_sql: self.strip_sql.clone(),
+            listening: self.listening.clone(),
             table_checked: self.table_checked.clone(),
             learned_get: self.learned_get.clone(),
         }
@@ -261,6 +265,23 @@ pub(crate) trait Dialect: Stored {
         }
     }
 
+    /// `write`, a holder write that ends a wait (completes, fails or frees a record of
+    /// the table `name`), as it also tells the key's waiters in other processes, where
+    /// the dialect can: the same write, where it cannot. The statement still reports
+    /// one changed row when it wrote.
+    fn announced(write: String, name: &str) -> String {
+        let _ = name;
+        write
+    }
+
+    /// Ask to be told when the record of `(biz, key)` finishes
+    /// ([`IdempotencyStore::watch`](idem_runtime::IdempotencyStore::watch)): `None`
+    /// where the dialect cannot tell.
+    fn watch(&self, biz: &str, key: &str) -> impl Future<Output = Result<Option<Notice>, StoreError>> + Send {
+        let _ = (biz, key);
+        std::future::ready(Ok(None))
+    }
+
     /// Learn what the statements depend on of the server (once, with the table's
     /// check): nothing, but on MySQL/MariaDB whether it is a Galera node.
     fn learn_server(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -302,6 +323,7 @@ pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, cl
         strip_sql: D::strip_statement(&table, clock).into(),
         table_checked: Arc::default(),
         learned_get: Arc::default(),
+        listening: Arc::default(),
     })
 }
 

@@ -48,6 +48,7 @@ cfg_driver! {
     mod connection;
     mod dialect;
     mod error;
+    mod listen;
     mod migration;
     mod pooler;
     mod rollback;

@@ -14,6 +14,9 @@ pub(crate) struct ColumnTypes<'a> {
     pub instant: &'a str,
     /// What a nullable column says of itself: nothing, or ` NULL`.
     pub nullable: &'a str,
+    /// The type of `watched` (whether a waiter asked to be told of the record's end),
+    /// where the dialect notifies waiters.
+    pub watched: Option<&'a str>,
 }
 
 /// The table's status check, inline or as a named constraint.
@@ -40,7 +43,9 @@ pub(crate) fn create_table(
         error_message,
         instant,
         nullable: null,
+        watched,
     } = types;
+    let watched = watched.map_or(String::new(), |ty| format!("  watched {ty}{null},\n"));
     let check = if inline_check {
         format!(" {STATUS_CHECK}")
     } else {
@@ -65,6 +70,7 @@ pub(crate) fn create_table(
          \x20 subject {fingerprint}{null},\n\
          \x20 replay_until {instant}{null},\n\
          \x20 tombstone {status}{null},\n\
+         {watched}\
          \x20 PRIMARY KEY (biz_type, idempotent_key){extra}\n\
          ){options};\n"
     )

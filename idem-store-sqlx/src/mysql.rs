@@ -128,6 +128,7 @@ impl MySqlStore {
             error_message: "TEXT",
             instant: "DATETIME(6)",
             nullable: " NULL",
+            watched: None,
         };
         let name = &self.parts.sql.table;
         let extra = [

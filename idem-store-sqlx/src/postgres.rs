@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use idem_runtime::notice::Notice;
 use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Row;
 
 use crate::connection::{connect_checked, connecting, Check};
-use crate::dialect::{behind, derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
+use crate::dialect::{behind, derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Stored, Upserted};
 use crate::error::{driver_error, refused};
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::pooler::{on_pool, Pooler};
@@ -116,6 +117,7 @@ impl PostgresStore {
             error_message: "TEXT",
             instant: "TIMESTAMPTZ",
             nullable: "",
+            watched: Some("BOOLEAN"),
         };
         let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
         let subject = derived_identifier::<Self>(&self.parts.sql.table, "subject");
@@ -215,6 +217,40 @@ impl Dialect for PostgresStore {
         )
     }
 
+    fn announced(write: String, name: &str) -> String {
+        crate::listen::announced(write, name)
+    }
+
+    /// Mark the record `watched`, once this store listens: its completion then
+    /// notifies. Not behind a pooler in transaction mode (its server connections do
+    /// not keep a `LISTEN`), nor when the record is locked (a holder writing it, or
+    /// claiming it in its own transaction): the waiters then read on a schedule.
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
+        if self.pooler() != Pooler::None {
+            return Ok(None);
+        }
+        let sql = &self.parts.sql;
+        let listening = self
+            .parts
+            .listening
+            .get_or_try_init(|| crate::listen::start(&self.parts.pool, &sql.table))
+            .await?;
+        let notice = listening.notices.watch(biz, key);
+        let table = &sql.quoted;
+        let marked = sql
+            .query(&format!(
+                "UPDATE {table} SET watched = TRUE WHERE ctid = (SELECT ctid FROM {table} \
+                 WHERE biz_type = $1 AND idempotent_key = $2 AND status = 'PROCESSING' FOR UPDATE SKIP LOCKED)"
+            ))
+            .persistent(false)
+            .bind(biz)
+            .bind(key)
+            .execute(&self.parts.pool)
+            .await
+            .map_err(|e| driver_error("watching a record", e))?;
+        Ok((marked.rows_affected() == 1).then_some(notice))
+    }
+
     /// The server takes writes: a store on the application's own pool is refused here
     /// (at its first call) when the pool reached a standby.
     async fn learn_server(&self) -> Result<(), StoreError> {
@@ -234,6 +270,7 @@ impl Dialect for PostgresStore {
         ("subject", "VARCHAR(64)"),
         ("replay_until", "TIMESTAMPTZ"),
         ("tombstone", "VARCHAR(16)"),
+        ("watched", "BOOLEAN"),
     ];
 
     /// What the statements need of each column on PostgreSQL.
@@ -256,6 +293,7 @@ impl Dialect for PostgresStore {
         Need::new("subject", "VARCHAR(64) or longer, or TEXT", |c| text_of_at_least(c, 64)),
         Need::new("replay_until", TIMESTAMPTZ6, timestamptz6),
         Need::new("tombstone", "VARCHAR(8) or longer, or TEXT", |c| text_of_at_least(c, 8)),
+        Need::new("watched", "BOOLEAN", |c| c.declared == "boolean"),
     ];
 
     /// The table's columns and unique keys, from `pg_catalog`.

@@ -102,6 +102,7 @@ impl SqliteStore {
             error_message: TEXT,
             instant: TEXT,
             nullable: "",
+            watched: None,
         };
         let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
         let subject = derived_identifier::<Self>(&self.parts.sql.table, "subject");

@@ -150,8 +150,11 @@ impl Statements {
         // The outcome, and what it keeps beyond its answer: the end of its replay (NULL
         // where it replays until it expires; a NULL length makes a NULL instant) and
         // its subject's hash. What an earlier life left (a tombstone) is cleared.
+        // The holder writes that end a wait: each tells the key's waiters where the
+        // dialect can.
+        let announced = |text: String| sql(D::announced(text, name));
         let finish = |status: &str, column: &str| {
-            sql(format!(
+            announced(format!(
                 "UPDATE {table} SET status = '{status}', {column} = ?, lease_until = {now}, completed_at = {now}, \
                  expires_at = {after}, replay_until = {after}, subject = ?, tombstone = NULL WHERE {HELD}"
             ))
@@ -166,8 +169,8 @@ impl Statements {
             )),
             complete: finish("SUCCESS", "response_body"),
             fail: finish("FAIL", "error_message"),
-            release: sql(format!("DELETE FROM {table} WHERE {HELD} AND steps IS NULL")),
-            park: sql(format!(
+            release: announced(format!("DELETE FROM {table} WHERE {HELD} AND steps IS NULL")),
+            park: announced(format!(
                 "UPDATE {table} SET lease_until = created_at WHERE {HELD} AND steps IS NOT NULL"
             )),
             record_steps: sql(format!("UPDATE {table} SET steps = ? WHERE {HELD}")),

@@ -110,6 +110,14 @@ macro_rules! impl_idempotency_store {
                 Some(self)
             }
 
+            async fn watch(
+                &self,
+                biz: &str,
+                key: &str,
+            ) -> Result<Option<idem_runtime::notice::Notice>, idem_runtime::StoreError> {
+                <Self as crate::dialect::Dialect>::watch(self, biz, key).await
+            }
+
             async fn get(
                 &self,
                 biz: &str,

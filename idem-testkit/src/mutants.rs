@@ -372,6 +372,10 @@ impl IdempotencyStore for ShortLeases {
         self.inner.kind()
     }
 
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<idem::store::Notice>, StoreError> {
+        self.inner.watch(biz, key).await
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.inner.get(biz, key).await
     }

@@ -9,7 +9,10 @@
 //! The reader's schedule starts at a fraction of how long this biz's waits have lasted
 //! (5 ms, then doubling to 100 ms, before any is known) and reads once more just
 //! before the earliest waiter's deadline, so no waiter gives up on a record that has
-//! finished. A call of the key that finishes in this process wakes the reader at once.
+//! finished. A call of the key that finishes in this process wakes the reader at once;
+//! so does the store's notice where it can give one
+//! ([`IdempotencyStore::watch`](crate::IdempotencyStore::watch)), and the reader then
+//! looks on its own only once a second.
 //!
 //! A flight lives while a waiter holds a seat on it: the last seat dropped (its caller
 //! answered, failed or cancelled) aborts the reader and removes the flight, so nothing
@@ -26,6 +29,7 @@ use tokio::task::AbortHandle;
 
 use crate::clock;
 use crate::error::StoreError;
+use crate::notice::Notice;
 use crate::record::{Record, Status};
 use crate::store::{IdempotencyStore, OwnedStore};
 use crate::unknown::unsettled;
@@ -39,6 +43,9 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 /// The bounds of a schedule fitted to measured waits.
 const SHORTEST_FIRST_PAUSE: Duration = Duration::from_millis(1);
 const SHORTEST_LONGEST_PAUSE: Duration = Duration::from_millis(2);
+/// How often a reader the store will tell looks on its own: a lost notice costs at
+/// most this, or less where a deadline comes first.
+const WATCHED_PAUSE: Duration = Duration::from_secs(1);
 /// How far ahead of a waiter's deadline its last read starts, at least.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
 /// How many bizes' wait lengths are remembered (a bound, not a working size).
@@ -265,6 +272,7 @@ impl Pace {
 impl Reader {
     async fn run(self) {
         let opened = Instant::now();
+        let mut notice = self.watch().await;
         let pace = Pace::of(&self.key.biz);
         let mut pause = pace.first;
         let mut next_at = opened + pause;
@@ -277,7 +285,7 @@ impl Reader {
                 .map_or(next_at, |deadline| {
                     next_at.min(deadline.checked_sub(margin).unwrap_or(deadline))
                 });
-            if !self.until(due).await {
+            if !self.until(due, notice.as_mut()).await {
                 continue;
             }
             let started = Instant::now();
@@ -292,17 +300,41 @@ impl Reader {
                 return;
             }
             self.shared.reads.send_replace(Some(Arc::new(read)));
-            pause = (pause * 2).min(pace.longest);
+            // Told when the record finishes, the reader looks on its own only now and
+            // then, in case the store could not tell.
+            pause = match notice {
+                Some(_) => WATCHED_PAUSE,
+                None => (pause * 2).min(pace.longest),
+            };
             next_at = Instant::now() + pause;
         }
     }
 
-    /// Wait until `due`, or a completion here. `false` when the schedule must be
-    /// worked out again (a seat came with an earlier deadline).
-    async fn until(&self, due: Instant) -> bool {
+    /// Ask the store to say when the record finishes; `None` where it cannot (or the
+    /// asking failed: the reader then reads on its schedule).
+    async fn watch(&self) -> Option<Notice> {
+        match self.store.watch(&self.key.biz, &self.key.key).await {
+            Ok(notice) => notice,
+            Err(error) => {
+                tracing::debug!(target: "idem", %error, biz = self.key.biz, "could not watch a record; reading it on a schedule");
+                None
+            }
+        }
+    }
+
+    /// Wait until `due`, a completion here, or the store's notice. `false` when the
+    /// schedule must be worked out again (a seat came with an earlier deadline).
+    async fn until(&self, due: Instant, notice: Option<&mut Notice>) -> bool {
+        let noticed = async {
+            match notice {
+                Some(notice) => notice.arrived().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = tokio::time::sleep_until(due.into()) => true,
             () = self.shared.recorded_here.notified() => true,
+            () = noticed => true,
             () = self.shared.rescheduled.notified() => false,
         }
     }

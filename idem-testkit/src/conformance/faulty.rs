@@ -244,6 +244,10 @@ impl IdempotencyStore for FaultyStore {
         self.inner.seals()
     }
 
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<idem::store::Notice>, StoreError> {
+        self.inner.watch(biz, key).await
+    }
+
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.call(Op::Get, self.inner.get(biz, key)).await
     }
