@@ -76,11 +76,21 @@
 //! the cache answers hot duplicates without a round trip, and the SQL claim stays the
 //! decision.
 //!
-//! Why the dependency: `redis` (async, with `ConnectionManager` for reconnection and
-//! `cluster-async` for Redis Cluster) is the client the Rust ecosystem keeps.
+//! Duplicates that wait for a call in another process are told when it ends: the
+//! holder's write publishes the record's key on `<prefix>notices` when a waiter marked
+//! the record, and the store's one subscriber connection (opened at the first wait, on
+//! the URL given to [`connect`](RedisStore::connect) or
+//! [`connect_cluster`](RedisStore::connect_cluster), or to
+//! [`listen_on`](RedisStore::listen_on) for a store on the application's own client)
+//! wakes them. A notice lost to a dropped connection costs a read, never an answer.
+//!
+//! Why the dependencies: `redis` (async, with `ConnectionManager` for reconnection and
+//! `cluster-async` for Redis Cluster) is the client the Rust ecosystem keeps;
+//! `futures-util` reads its pub/sub stream.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod connection;
+mod notice;
 mod record;
 mod store;
 

@@ -11,6 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::Script;
 
 use crate::connection::Connection;
+use crate::notice::Listener;
 use crate::record::{decode, micros};
 
 /// Where every record key starts by default.
@@ -50,6 +51,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     keep_expired: Duration,
     lease_clock: LeaseClock,
+    /// Where the completion notices of its waiters come from.
+    listener: Listener,
 }
 
 /// A holder write, as `write.lua` names it.
@@ -79,7 +82,8 @@ impl RedisStore {
             .get_connection_manager_with_config(config)
             .await
             .map_err(|e| failed(&format!("connecting to {}", redacted(url)), e))?;
-        Self::checked(Connection::Single(conn)).await
+        let store = Self::checked(Connection::Single(conn)).await?;
+        Ok(store.listening_on(vec![client]))
     }
 
     /// The store's default connection settings: a call to a server that is down fails
@@ -106,7 +110,36 @@ impl RedisStore {
             .get_async_connection()
             .await
             .map_err(|e| failed(&format!("connecting to the cluster {shown}"), e))?;
-        Self::checked(Connection::Cluster(conn)).await
+        let store = Self::checked(Connection::Cluster(conn)).await?;
+        // A publish reaches every node of a cluster: any of them tells.
+        let servers = urls
+            .iter()
+            .map(|url| redis::Client::open(*url))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| failed(&format!("opening the cluster {shown}"), e))?;
+        Ok(store.listening_on(servers))
+    }
+
+    /// Subscribe to the completions of the records on `url` (one server, or a node of
+    /// the cluster), for a store made [`from_manager`](Self::from_manager) or
+    /// [`from_cluster`](Self::from_cluster): its waiters are then told when a record
+    /// they wait for finishes in another process, instead of reading it on a schedule.
+    /// ([`connect`](Self::connect) and [`connect_cluster`](Self::connect_cluster)
+    /// subscribe on their own URLs.) The subscription is one connection of its own,
+    /// opened at the first wait.
+    pub fn listen_on(self, url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| failed(&format!("opening {}", redacted(url)), e))?;
+        Ok(self.listening_on(vec![client]))
+    }
+
+    fn listening_on(mut self, servers: Vec<redis::Client>) -> Self {
+        self.listener = Listener::on(servers);
+        self
+    }
+
+    /// The channel the holders' ends of this store's records are published on.
+    fn channel(&self) -> String {
+        format!("{}notices", self.prefix)
     }
 
     /// A store on the application's own connection manager — built with the password,
@@ -140,6 +173,7 @@ impl RedisStore {
             prefix: DEFAULT_PREFIX.into(),
             keep_expired: DEFAULT_KEEP_EXPIRED,
             lease_clock: LeaseClock::Store,
+            listener: Listener::default(),
         };
         store.check_eviction_policy().await?;
         Ok(store)
@@ -176,6 +210,8 @@ impl RedisStore {
             )));
         }
         self.prefix = prefix.into();
+        // Another prefix, another channel: a subscriber of its own.
+        self.listener = self.listener.renewed();
         Ok(self)
     }
 
@@ -349,7 +385,8 @@ impl RedisStore {
             .arg(call_id())
             .arg(self.caller_now(now))
             .arg(replay)
-            .arg(retention.subject.as_deref().unwrap_or(""));
+            .arg(retention.subject.as_deref().unwrap_or(""))
+            .arg(self.channel());
         let applied: i64 = self.run(what, (&lease.biz, &lease.key), &invocation).await?;
         Ok(if applied == 1 {
             FenceCheck::Held
@@ -431,6 +468,13 @@ impl IdempotencyStore for RedisStore {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+
+    async fn watch(&self, biz: &str, key: &str) -> Result<Option<idem_runtime::notice::Notice>, StoreError> {
+        let (record_key, channel) = (self.record_key(biz, key), self.channel());
+        self.listener
+            .watch(&self.conn, &channel, &record_key, (biz, key), &self.prefix)
+            .await
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
@@ -576,7 +620,7 @@ fn lost_reply(error: &redis::RedisError) -> bool {
     error.is_io_error() || error.is_connection_dropped() || error.is_timeout()
 }
 
-fn failed(operation: &str, error: redis::RedisError) -> StoreError {
+pub(crate) fn failed(operation: &str, error: redis::RedisError) -> StoreError {
     StoreError::with_source(format!("Redis failed at {operation}"), error)
 }
 

@@ -403,3 +403,60 @@ async fn a_user_built_client_reaches_a_password_protected_server() {
     let error = RedisStore::from_manager(manager).await.unwrap_err();
     assert!(error.to_string().contains("volatile-lru"), "{error}");
 }
+
+/// A waiter on another store (as another process's would be) is told when the holder's
+/// record finishes: the holder's write publishes, the waiter's subscriber hears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_elsewhere_is_told_when_the_record_finishes() {
+    let Some(holding) = open_on_store_clock().await else {
+        return;
+    };
+    let waiting = open_on_store_clock().await.unwrap();
+    conformance::notices::a_waiter_elsewhere_is_told(Arc::new(holding), Arc::new(waiting)).await;
+}
+
+/// The waiter's subscriber loses its connection and cannot connect again while the
+/// holder finishes: it subscribes as a user of its own, which is switched off and its
+/// connection killed, then switched on again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_lost_its_connection_costs_a_read_not_an_answer() {
+    let Some(url) = conformance::server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let holding = open_on_store_clock().await.unwrap();
+    let admin = connection().await;
+    let run = |args: &'static [&'static str]| {
+        let mut admin = admin.clone();
+        async move {
+            let () = redis::cmd(args[0])
+                .arg(&args[1..])
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+    };
+    let on: &'static [&'static str] = &["ACL", "SETUSER", "idem_watcher", "on", ">watching", "~*", "&*", "+@all"];
+    run(on).await;
+    let manager = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let watcher_url = url.replacen("redis://", "redis://idem_watcher:watching@", 1);
+    let waiting = RedisStore::from_manager(manager)
+        .await
+        .unwrap()
+        .listen_on(&watcher_url)
+        .unwrap();
+    let cut = || async {
+        run(&["ACL", "SETUSER", "idem_watcher", "off"]).await;
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg(&["KILL", "USER", "idem_watcher"])
+            .query_async(&mut admin.clone())
+            .await
+            .unwrap();
+        assert_eq!(killed, 1, "one subscriber of the waiter's store");
+    };
+    let mend = || run(on);
+    conformance::notices::a_lost_notice_costs_a_read(Arc::new(holding), Arc::new(waiting), cut, mend).await;
+}

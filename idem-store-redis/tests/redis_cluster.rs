@@ -161,3 +161,14 @@ async fn a_user_built_cluster_connection_is_a_store() {
     assert_eq!(op.execute(&key, pay()).await.unwrap(), 7);
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// A waiter on another store is told when the holder's record finishes: the holder's
+/// write publishes on the record's node, the waiter's subscriber hears it on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_elsewhere_is_told_when_the_record_finishes() {
+    let Some(holding) = open().await else {
+        return;
+    };
+    let waiting = open().await.unwrap();
+    conformance::notices::a_waiter_elsewhere_is_told(Arc::new(holding), Arc::new(waiting)).await;
+}

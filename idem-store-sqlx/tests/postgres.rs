@@ -126,129 +126,55 @@ async fn a_thousand_waiters_use_a_few_connections() {
     );
 }
 
-/// A key no earlier run used: the server keeps its records.
-fn fresh_key(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
-/// A holder of `(biz, key)` on `store` whose body takes `body`: its task, and when the
-/// body ended.
-fn hold(
-    store: PostgresStore,
-    biz: &'static str,
-    key: &str,
-    body: Duration,
-) -> (
-    tokio::task::JoinHandle<Result<String, idem::Error>>,
-    Arc<std::sync::OnceLock<std::time::Instant>>,
-) {
-    let ended = Arc::new(std::sync::OnceLock::new());
-    let (key, told) = (key.to_owned(), ended.clone());
-    let holder = tokio::spawn(async move {
-        idem::Idempotent::new(biz)
-            .store(Arc::new(store))
-            .execute(key, async move {
-                tokio::time::sleep(body).await;
-                told.set(std::time::Instant::now()).unwrap();
-                Ok::<_, idem::Error>("first".to_owned())
-            })
-            .await
-    });
-    (holder, ended)
-}
-
-/// A waiter of `(biz, key)` on `store`, for at most 10 s.
-async fn wait_for(store: PostgresStore, biz: &'static str, key: &str) -> Result<String, idem::Error> {
-    idem::Idempotent::new(biz)
-        .store(Arc::new(store))
-        .wait(Duration::from_secs(10))
-        .execute(key.to_owned(), async { Ok::<_, idem::Error>("second".to_owned()) })
-        .await
-}
-
 /// A waiter whose store is another pool (as another process's would be) is told by the
-/// server when the holder's record finishes: it reads then, not at its next look on its
-/// own (a second after its first).
+/// server when the holder's record finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_elsewhere_is_told_when_the_record_finishes() {
     let Some(holding) = open_on_store_clock().await else {
         return;
     };
     let waiting = open_on_store_clock().await.unwrap();
-    let key = fresh_key("told");
-    let (holder, ended) = hold(holding, "told-waits", &key, Duration::from_millis(1500));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let waited = wait_for(waiting, "told-waits", &key).await;
-    let answered = std::time::Instant::now();
-    assert_eq!(waited.expect("the waiter is answered"), "first");
-    assert_eq!(holder.await.unwrap().unwrap(), "first");
-    let late = answered - *ended.get().unwrap();
-    assert!(
-        late < Duration::from_millis(300),
-        "answered {late:?} after the body ended"
-    );
+    conformance::notices::a_waiter_elsewhere_is_told(Arc::new(holding), Arc::new(waiting)).await;
 }
 
 /// The waiter's listener loses its connection and cannot connect again while the
-/// holder finishes: the notice is lost. Once it listens again, the waiter reads and is
-/// answered — before its next look on its own.
+/// holder finishes: its store connects as a role of its own, which is refused logins
+/// and its listener's backend terminated, then let in again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_that_lost_its_connection_costs_a_read_not_an_answer() {
     let Some(url) = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     let holding = open_on_store_clock().await.unwrap();
-    // A role of its own for the waiter's store, so that its listener alone can be kept
-    // from connecting.
     let admin = holding.pool().clone();
-    let role = |sql: &'static str| {
+    let run = |sql: &'static str| {
         let admin = admin.clone();
-        async move { idem::sqlx::query(sql).execute(&admin).await.unwrap() }
+        async move {
+            idem::sqlx::query(sql).execute(&admin).await.unwrap();
+        }
     };
+    // Made once per server; an earlier run may have left it refused.
     idem::sqlx::query("CREATE ROLE idem_watcher SUPERUSER")
         .execute(&admin)
         .await
         .ok();
-    role("ALTER ROLE idem_watcher LOGIN").await;
+    run("ALTER ROLE idem_watcher LOGIN").await;
     let watcher_url = url.replacen("postgres://postgres@", "postgres://idem_watcher@", 1);
     assert_ne!(watcher_url, url, "the test's URL names the user `postgres`: {url}");
     let waiting = PostgresStore::connect(&watcher_url)
         .await
         .expect("connect as idem_watcher");
-    let key = fresh_key("lost");
-    let started = std::time::Instant::now();
-    let (holder, ended) = hold(holding, "lost-notices", &key, Duration::from_millis(1250));
-    let waiter = tokio::spawn({
-        let key = key.clone();
-        async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            wait_for(waiting, "lost-notices", &key).await
-        }
-    });
-    // The waiter looks on its own at 5 ms and about 1 s: drop its listener after that.
-    tokio::time::sleep_until((started + Duration::from_millis(1100)).into()).await;
-    role("ALTER ROLE idem_watcher NOLOGIN").await;
-    let killed = idem::sqlx::query_scalar::<_, i64>(
-        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity          WHERE usename = 'idem_watcher' AND application_name = 'idem listener') AS killed",
-    )
-    .fetch_one(&admin)
-    .await
-    .unwrap();
-    assert_eq!(killed, 1, "one listener of the waiter's store");
-    assert_eq!(holder.await.unwrap().unwrap(), "first");
-    assert!(ended.get().is_some());
-    tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
-    role("ALTER ROLE idem_watcher LOGIN").await;
-    let let_in = std::time::Instant::now();
-    assert_eq!(waiter.await.unwrap().expect("the waiter is answered"), "first");
-    // Without the read once it listens again, the next look is at about 2 s.
-    let late = let_in.elapsed();
-    assert!(
-        late < Duration::from_millis(300),
-        "answered {late:?} after its listener could connect again"
-    );
+    let cut = || async {
+        run("ALTER ROLE idem_watcher NOLOGIN").await;
+        let killed = idem::sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE usename = 'idem_watcher' AND application_name = 'idem listener') AS killed",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        assert_eq!(killed, 1, "one listener of the waiter's store");
+    };
+    let mend = || run("ALTER ROLE idem_watcher LOGIN");
+    conformance::notices::a_lost_notice_costs_a_read(Arc::new(holding), Arc::new(waiting), cut, mend).await;
 }

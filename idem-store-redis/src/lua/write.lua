@@ -12,6 +12,11 @@ local what = ARGV[1]
 local h = load(k)
 local same_life = h ~= nil and h.fence == ARGV[2] and h.created_at == ARGV[3]
 local held = same_life and h.status == 'PROCESSING'
+-- Tell the record's waiters, where one asked, once the write is in.
+local function announce()
+  local channel = ARGV[11] or ''
+  if h.watched == '1' and channel ~= '' then redis.call('PUBLISH', channel, k) end
+end
 if what == 'complete' or what == 'fail' then
   local status, field = 'SUCCESS', 'response_body'
   if what == 'fail' then status, field = 'FAIL', 'error_message' end
@@ -26,6 +31,7 @@ if what == 'complete' or what == 'fail' then
   if replay ~= '' then redis.call('HSET', k, 'replay_until', fmt(now + tonumber(replay))) end
   if subject ~= '' then redis.call('HSET', k, 'subject', subject) end
   keep_until(k, expires, nil, ARGV[6])
+  announce()
   return 1
 end
 if not held then return 0 end
@@ -44,6 +50,7 @@ elseif what == 'release' then
   else
     redis.call('DEL', k)
   end
+  announce()
 else
   return redis.error_reply('idem: unknown write ' .. what)
 end

@@ -15,6 +15,8 @@ pub mod database;
 #[doc(hidden)]
 pub mod injected;
 #[doc(hidden)]
+pub mod notices;
+#[doc(hidden)]
 pub mod retention;
 #[doc(hidden)]
 pub mod scenarios;
