@@ -222,9 +222,11 @@ impl Dialect for PostgresStore {
     }
 
     /// Mark the record `watched`, once this store listens: its completion then
-    /// notifies. Not behind a pooler in transaction mode (its server connections do
-    /// not keep a `LISTEN`), nor when the record is locked (a holder writing it, or
-    /// claiming it in its own transaction): the waiters then read on a schedule.
+    /// notifies. The mark waits behind a write of the record in progress (a holder
+    /// completing it, or taking it over in its own transaction) and then finds it as
+    /// that write left it; the reader reads on its schedule meanwhile. Not behind a
+    /// pooler in transaction mode (its server connections do not keep a `LISTEN`): the
+    /// waiters then read on a schedule only.
     async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
         if self.pooler() != Pooler::None {
             return Ok(None);
@@ -239,8 +241,8 @@ impl Dialect for PostgresStore {
         let table = &sql.quoted;
         let marked = sql
             .query(&format!(
-                "UPDATE {table} SET watched = TRUE WHERE ctid = (SELECT ctid FROM {table} \
-                 WHERE biz_type = $1 AND idempotent_key = $2 AND status = 'PROCESSING' FOR UPDATE SKIP LOCKED)"
+                "UPDATE {table} SET watched = TRUE \
+                 WHERE biz_type = $1 AND idempotent_key = $2 AND status = 'PROCESSING'"
             ))
             .persistent(false)
             .bind(biz)

@@ -20,6 +20,8 @@
 //! finished, went, lapsed, or could not be read); later duplicates open a new one.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -269,15 +271,29 @@ impl Pace {
     }
 }
 
+/// What woke a reader.
+enum Woke {
+    /// Time to read.
+    Read,
+    /// The schedule must be worked out again.
+    Again,
+    /// The store answered whether it will tell of the record's end.
+    Watching(Option<Notice>),
+}
+
 impl Reader {
     async fn run(self) {
         let opened = Instant::now();
-        let mut notice = self.watch().await;
         let pace = Pace::of(&self.key.biz);
         let mut pause = pace.first;
         let mut next_at = opened + pause;
         let mut last_read = Duration::ZERO;
         let mut served_until = opened;
+        // Asked while the schedule runs: the first reads do not wait for the store's
+        // answer (a listener may be connecting). A read on schedule after the answer
+        // meets whatever finished before the store could tell.
+        let mut asking = Some(Box::pin(self.watch()));
+        let mut notice = None;
         loop {
             let margin = (last_read * 2).max(DEADLINE_MARGIN);
             let due = self
@@ -285,8 +301,14 @@ impl Reader {
                 .map_or(next_at, |deadline| {
                     next_at.min(deadline.checked_sub(margin).unwrap_or(deadline))
                 });
-            if !self.until(due, notice.as_mut()).await {
-                continue;
+            match self.until(due, &mut asking, notice.as_mut()).await {
+                Woke::Read => {}
+                Woke::Again => continue,
+                Woke::Watching(watching) => {
+                    asking = None;
+                    notice = watching;
+                    continue;
+                }
             }
             let started = Instant::now();
             let read = self.store.get(&self.key.biz, &self.key.key).await.map_err(Arc::new);
@@ -322,20 +344,30 @@ impl Reader {
         }
     }
 
-    /// Wait until `due`, a completion here, or the store's notice. `false` when the
-    /// schedule must be worked out again (a seat came with an earlier deadline).
-    async fn until(&self, due: Instant, notice: Option<&mut Notice>) -> bool {
+    /// Wait until `due`, a completion here, the store's notice, or its answer to
+    /// `asking`.
+    async fn until<F>(&self, due: Instant, asking: &mut Option<Pin<Box<F>>>, notice: Option<&mut Notice>) -> Woke
+    where
+        F: Future<Output = Option<Notice>>,
+    {
         let noticed = async {
             match notice {
                 Some(notice) => notice.arrived().await,
                 None => std::future::pending().await,
             }
         };
+        let answered = async {
+            match asking.as_mut() {
+                Some(asking) => asking.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            () = tokio::time::sleep_until(due.into()) => true,
-            () = self.shared.recorded_here.notified() => true,
-            () = noticed => true,
-            () = self.shared.rescheduled.notified() => false,
+            () = tokio::time::sleep_until(due.into()) => Woke::Read,
+            () = self.shared.recorded_here.notified() => Woke::Read,
+            () = noticed => Woke::Read,
+            watching = answered => Woke::Watching(watching),
+            () = self.shared.rescheduled.notified() => Woke::Again,
         }
     }
 
