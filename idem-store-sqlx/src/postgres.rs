@@ -126,6 +126,30 @@ impl PostgresStore {
             + &format!("CREATE INDEX IF NOT EXISTS {subject} ON {table} (subject);\n")
     }
 
+    /// [`watch`](Dialect::watch)'s work: the listener started, the record marked.
+    async fn mark_watched(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
+        let sql = &self.parts.sql;
+        let listening = self
+            .parts
+            .listening
+            .get_or_try_init(|| crate::listen::start(&self.parts.pool, &sql.table))
+            .await?;
+        let notice = listening.notices.watch(biz, key);
+        let table = &sql.quoted;
+        let marked = sql
+            .query(&format!(
+                "UPDATE {table} SET watched = TRUE \
+                 WHERE biz_type = $1 AND idempotent_key = $2 AND status = 'PROCESSING'"
+            ))
+            .persistent(false)
+            .bind(biz)
+            .bind(key)
+            .execute(&self.parts.pool)
+            .await
+            .map_err(|e| driver_error("watching a record", e))?;
+        Ok((marked.rows_affected() == 1).then_some(notice))
+    }
+
     async fn create_table(&self) -> Result<(), StoreError> {
         let failed = |e| driver_error("creating the idempotency table", e);
         let mut tx = self.parts.pool.begin().await.map_err(failed)?;
@@ -227,30 +251,19 @@ impl Dialect for PostgresStore {
     /// that write left it; the reader reads on its schedule meanwhile. Not behind a
     /// pooler in transaction mode (its server connections do not keep a `LISTEN`): the
     /// waiters then read on a schedule only.
+    ///
+    /// The work runs in a task of its own: a reader whose record finished meanwhile
+    /// drops its wait, and a statement dropped half sent would leave its connection
+    /// unusable (sqlx waits for the answer to what it never sent before the pool gets
+    /// the connection back).
     async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
         if self.pooler() != Pooler::None {
             return Ok(None);
         }
-        let sql = &self.parts.sql;
-        let listening = self
-            .parts
-            .listening
-            .get_or_try_init(|| crate::listen::start(&self.parts.pool, &sql.table))
-            .await?;
-        let notice = listening.notices.watch(biz, key);
-        let table = &sql.quoted;
-        let marked = sql
-            .query(&format!(
-                "UPDATE {table} SET watched = TRUE \
-                 WHERE biz_type = $1 AND idempotent_key = $2 AND status = 'PROCESSING'"
-            ))
-            .persistent(false)
-            .bind(biz)
-            .bind(key)
-            .execute(&self.parts.pool)
+        let (store, biz, key) = (self.clone(), biz.to_owned(), key.to_owned());
+        tokio::spawn(async move { store.mark_watched(&biz, &key).await })
             .await
-            .map_err(|e| driver_error("watching a record", e))?;
-        Ok((marked.rows_affected() == 1).then_some(notice))
+            .map_err(|e| StoreError::new(format!("watching a record: its task failed ({e})")))?
     }
 
     /// The server takes writes: a store on the application's own pool is refused here

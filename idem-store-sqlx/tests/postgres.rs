@@ -126,6 +126,54 @@ async fn a_thousand_waiters_use_a_few_connections() {
     );
 }
 
+/// Short calls stormed on two handles of one store (each handle's waiters share a
+/// reader, so every key has two): most readers find the record finished while their
+/// watch is still on its way and drop it. A dropped watch leaves no connection behind:
+/// every call of a pool of 4 is answered (without the guard, the pool runs dry and
+/// calls fail with `PoolTimedOut` after 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_dropped_on_their_way_leave_the_pool_whole() {
+    let Some(url) = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&url)
+        .await
+        .expect("connect to PostgreSQL");
+    let store = PostgresStore::new(pool);
+    store.migrate().await.expect("migrate");
+    let biz = conformance::unique("dropped-watches");
+    let handles = [store.clone(), store.clone()].map(|handle| {
+        Arc::new(
+            idem::Idempotent::new(biz.clone())
+                .store(Arc::new(handle))
+                .wait(Duration::from_secs(30)),
+        )
+    });
+    for round in 0..3 {
+        let mut calls = tokio::task::JoinSet::new();
+        for caller in 0..6 {
+            for key in 0..24 {
+                let op = handles[(caller + key) % 2].clone();
+                calls.spawn(async move {
+                    op.execute(format!("r{round}-k{key}"), async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        Ok::<_, idem::Error>(key)
+                    })
+                    .await
+                });
+            }
+        }
+        while let Some(answer) = calls.join_next().await {
+            answer
+                .unwrap()
+                .unwrap_or_else(|e| panic!("a call failed: {}", idem::error_chain(&e)));
+        }
+    }
+}
+
 /// A waiter whose store is another pool (as another process's would be) is told by the
 /// server when the holder's record finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
