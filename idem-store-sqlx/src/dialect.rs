@@ -34,7 +34,8 @@ pub(crate) struct Parts<DB: Database> {
     /// The dialect's bounded strip of records past their replay to tombstones, run
     /// with the purge (and bound as it is).
     pub strip_sql: Arc<str>,
-    /// The store's listener for completions, started by the first watch (PostgreSQL).
+    /// The store's listener for completions, started by the first watch.
+    #[cfg(feature = "postgres")]
     pub listening: Arc<OnceCell<crate::listen::Listening>>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
     pub table_checked: Arc<OnceCell<()>>,
@@ -52,6 +53,7 @@ impl<DB: Database> Clone for Parts<DB> {
             insert_sql: self.insert_sql.clone(),
             purge_sql: self.purge_sql.clone(),
             strip_sql: self.strip_sql.clone(),
+            #[cfg(feature = "postgres")]
             listening: self.listening.clone(),
             table_checked: self.table_checked.clone(),
             learned_get: self.learned_get.clone(),
@@ -323,6 +325,7 @@ pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, cl
         strip_sql: D::strip_statement(&table, clock).into(),
         table_checked: Arc::default(),
         learned_get: Arc::default(),
+        #[cfg(feature = "postgres")]
         listening: Arc::default(),
     })
 }

@@ -48,7 +48,6 @@ cfg_driver! {
     mod connection;
     mod dialect;
     mod error;
-    mod listen;
     mod migration;
     mod pooler;
     mod rollback;
@@ -62,6 +61,8 @@ mod open;
 mod shape;
 mod table;
 
+#[cfg(feature = "postgres")]
+mod listen;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

@@ -1,4 +1,4 @@
-//! Completion notices: a store's one listening connection, which tells the waiters of
+//! Completion notices on PostgreSQL: a store's one listening connection, which tells the waiters of
 //! this process when a record they wait for finishes in another.
 //!
 //! On PostgreSQL a holder write that ends a wait (complete, fail, release) sends
@@ -35,11 +35,9 @@ impl Drop for Listening {
 /// an identifier, at most 63 bytes; a table's name may be longer).
 pub(crate) fn channel(name: &str) -> String {
     // FNV-1a: the same in every process and every version, unlike the std hashers.
-    let hash = name
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        });
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
     format!("idem_{hash:016x}")
 }
 
@@ -52,10 +50,8 @@ pub(crate) fn named_key(payload: &str) -> Option<(&str, &str)> {
     Some(rest.split_at(split))
 }
 
-#[cfg(feature = "postgres")]
 pub(crate) use self::postgres::{announced, start};
 
-#[cfg(feature = "postgres")]
 mod postgres {
     use std::time::Duration;
 
@@ -89,7 +85,11 @@ mod postgres {
     /// made as `pool`'s are.
     pub(crate) async fn start(pool: &PgPool, name: &str) -> Result<Listening, StoreError> {
         let failed = |e| driver_error("listening for completions", e);
-        let options = pool.connect_options().as_ref().clone().application_name("idem listener");
+        let options = pool
+            .connect_options()
+            .as_ref()
+            .clone()
+            .application_name("idem listener");
         let own = PgPoolOptions::new()
             .max_connections(1)
             .min_connections(0)
