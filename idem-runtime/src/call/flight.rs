@@ -318,6 +318,9 @@ impl Reader {
                 if matches!(&read, Ok(Some(record)) if record.status != Status::Processing) {
                     Pace::measured(&self.key.biz, opened.elapsed());
                 }
+                // The watch ends before any waiter hears the answer: a caller that
+                // was answered leaves no watch behind it.
+                drop((notice, asking));
                 self.settle(read);
                 return;
             }
