@@ -40,10 +40,10 @@ pub(crate) trait ClaimSite {
     fn inserts_first(&self) -> bool {
         false
     }
-    /// Insert the record of a key nobody holds: the lease, or `None` when one stood.
-    fn insert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
+    /// Insert the record of a key nobody holds: the lease, or what stood in the way.
+    fn insert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Inserted, StoreError>> + Send {
         let _ = claim;
-        std::future::ready(Ok(None))
+        std::future::ready(Ok(Inserted::Unread))
     }
     fn upsert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
     /// The record, and the instant it was read at by the server's clock (`None` on the
@@ -52,6 +52,20 @@ pub(crate) trait ClaimSite {
         &mut self,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<(Option<Record>, Option<SystemTime>), StoreError>> + Send;
+}
+
+/// What a claim's insert of a key nobody holds came to. (SQLite claims with its
+/// upsert alone, and only PostgreSQL's insert reads.)
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) enum Inserted {
+    /// The record was inserted: the key is ours.
+    Granted(Lease),
+    /// A record stood, and the statement read it too (a replay in one round trip), at
+    /// this instant of the server's clock where the statements judge by it. (Only
+    /// PostgreSQL's insert reads.)
+    Read(Record, Option<SystemTime>),
+    /// A record stood that the statement did not read: the claim reads it.
+    Unread,
 }
 
 /// A connection of dialect `D` (a pooled one, or the caller's transaction's) with the
@@ -64,6 +78,8 @@ pub(crate) struct OnConnection<'c, D: Dialect> {
     pub get: &'c str,
     /// The dialect's insert-if-absent claim, where it has one and the site uses it.
     pub insert: Option<&'c str>,
+    /// Where the insert's outcomes are counted (on the store's pool).
+    pub duplicates: Option<&'c crate::duplicates::Duplicates>,
     /// The table's statements: whose clock they judge by, whether they are prepared.
     pub sql: &'c crate::statements::Statements,
     /// Whether `conn` is in a transaction already (the caller's), which a pooler keeps
@@ -88,30 +104,48 @@ pub(crate) async fn claim_or_read<S: ClaimSite>(
     // statement's.
     let inserts_first = site.inserts_first();
     for round in 0..CLAIM_ATTEMPTS + usize::from(inserts_first) {
-        let attempt = if inserts_first && round == 0 {
-            let inserted = site.insert(claim).await;
-            inserted.map(|lease| lease.map_or(Upserted::Refused(None), Upserted::Granted))
-        } else {
-            site.upsert(claim).await
-        };
-        // The claim statement's own refusal is judged already (on the caller's clock it
-        // is judged again, as a read is); a record read afterwards is judged by the
-        // instant of that read.
-        let trusted = site.on_server_clock();
-        let (stood, judged_at) = match attempt {
-            Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
-            Ok(Upserted::Refused(Some(record))) => (Some(record), (!trusted).then_some(claim.now)),
-            Ok(Upserted::Refused(None)) => read_judged(site, claim).await?,
-            Err(error) if rolled_back == RolledBack::LostRace && crate::rollback::lost_race(&error) => {
-                read_judged(site, claim).await?
+        let (stood, judged_at) = if inserts_first && round == 0 {
+            // The insert judges nothing: a record it met (and read) is judged by the
+            // instant of that read.
+            match site.insert(claim).await {
+                Ok(Inserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
+                Ok(Inserted::Read(record, read_at)) => (Some(record), Some(read_at.unwrap_or(claim.now))),
+                Ok(Inserted::Unread) => read_judged(site, claim).await?,
+                Err(error) => read_after_lost_race(site, claim, rolled_back, error).await?,
             }
-            Err(error) => return Err(error),
+        } else {
+            // The claim statement's own refusal is judged already (on the caller's clock
+            // it is judged again, as a read is); a record read afterwards is judged by
+            // the instant of that read.
+            let trusted = site.on_server_clock();
+            match site.upsert(claim).await {
+                Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
+                Ok(Upserted::Refused(Some(record))) => (Some(record), (!trusted).then_some(claim.now)),
+                Ok(Upserted::Refused(None)) => read_judged(site, claim).await?,
+                Err(error) => read_after_lost_race(site, claim, rolled_back, error).await?,
+            }
         };
         if let Some(existing) = standing(claim, stood, judged_at) {
             return Ok(existing);
         }
     }
     Err(changed_under(claim))
+}
+
+/// After a claim statement failed with `error`: on the pool, a statement the server
+/// rolled back lost the race to another writer of the key, whose record is read;
+/// anything else is the claim's error.
+async fn read_after_lost_race<S: ClaimSite>(
+    site: &mut S,
+    claim: &Claim<'_>,
+    rolled_back: RolledBack,
+    error: StoreError,
+) -> Result<(Option<Record>, Option<SystemTime>), StoreError> {
+    if rolled_back == RolledBack::LostRace && crate::rollback::lost_race(&error) {
+        read_judged(site, claim).await
+    } else {
+        Err(error)
+    }
 }
 
 /// Read what stood in the claim's way: the record, and the instant to judge it by —

@@ -10,6 +10,8 @@ use idem_runtime::{Claim, Lease, LeaseClock, Record, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
+use crate::claim::Inserted;
+use crate::duplicates::Duplicates;
 use crate::error::driver_error;
 use crate::pooler::on_pool;
 use crate::pooler::Pooler;
@@ -29,6 +31,11 @@ pub(crate) struct Parts<DB: Database> {
     pub upsert_sql: Arc<str>,
     /// The dialect's claim of a key nobody holds, tried first where it has one.
     pub insert_sql: Option<Arc<str>>,
+    /// The same claim that also reads the record in its way, where the dialect has
+    /// one: tried first instead while claims often meet records.
+    pub insert_and_read_sql: Option<Arc<str>>,
+    /// How often the store's claims meet a record.
+    pub duplicates: Arc<Duplicates>,
     /// The dialect's bounded purge.
     pub purge_sql: Arc<str>,
     /// The dialect's bounded strip of records past their replay to tombstones, run
@@ -44,6 +51,18 @@ pub(crate) struct Parts<DB: Database> {
     pub learned_get: Arc<OnceLock<String>>,
 }
 
+impl<DB: Database> Parts<DB> {
+    /// The statement a claim on the pool starts with, where the dialect has one: the
+    /// insert that also reads what stands in its way while claims often meet records,
+    /// the plain insert otherwise.
+    pub fn first_claim(&self) -> Option<&str> {
+        match &self.insert_and_read_sql {
+            Some(reading) if self.duplicates.common() => Some(reading),
+            _ => self.insert_sql.as_deref(),
+        }
+    }
+}
+
 impl<DB: Database> Clone for Parts<DB> {
     fn clone(&self) -> Self {
         Self {
@@ -51,6 +70,8 @@ impl<DB: Database> Clone for Parts<DB> {
             sql: self.sql.clone(),
             upsert_sql: self.upsert_sql.clone(),
             insert_sql: self.insert_sql.clone(),
+            insert_and_read_sql: self.insert_and_read_sql.clone(),
+            duplicates: self.duplicates.clone(),
             purge_sql: self.purge_sql.clone(),
             strip_sql: self.strip_sql.clone(),
             #[cfg(feature = "postgres")]
@@ -160,14 +181,23 @@ pub(crate) trait Dialect: Stored {
         None
     }
 
-    /// Run [`insert_statement`](Self::insert_statement)'s `sql` on `conn`: the lease
-    /// when it inserted the record, `None` when one stood.
+    /// [`insert_statement`](Self::insert_statement) that also returns the record in
+    /// its way, with the server's instant of the statement — a replay in one round
+    /// trip — where the dialect has one. Binds as the claim statement's.
+    fn insert_and_read_statement(table: &str, clock: StatementClock) -> Option<String> {
+        let _ = (table, clock);
+        None
+    }
+
+    /// Run `insert` — [`insert_statement`](Self::insert_statement) or
+    /// [`insert_and_read_statement`](Self::insert_and_read_statement) — on `conn`: the
+    /// lease when it inserted the record, else the record in its way where it read it.
     fn insert_if_absent(
         conn: &mut <Self::Db as Database>::Connection,
         insert: &str,
         sql: &Statements,
         claim: &Claim<'_>,
-    ) -> impl Future<Output = Result<Option<Lease>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Inserted, StoreError>> + Send {
         let _ = (conn, insert, sql, claim);
         std::future::ready(Err(StoreError::new("this dialect has no insert-if-absent claim")))
     }
@@ -321,6 +351,8 @@ pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, cl
         sql: Arc::new(sql),
         upsert_sql: D::claim_statement(&table, clock).into(),
         insert_sql: D::insert_statement(&table, clock).map(Into::into),
+        insert_and_read_sql: D::insert_and_read_statement(&table, clock).map(Into::into),
+        duplicates: Arc::default(),
         purge_sql: D::purge_statement(&table, clock).into(),
         strip_sql: D::strip_statement(&table, clock).into(),
         table_checked: Arc::default(),

@@ -47,6 +47,7 @@ cfg_driver! {
     mod claim;
     mod connection;
     mod dialect;
+    mod duplicates;
     mod error;
     mod migration;
     mod pooler;

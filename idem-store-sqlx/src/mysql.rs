@@ -24,6 +24,7 @@ use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
 
+use crate::claim::Inserted;
 use crate::connection::connect;
 use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
@@ -273,18 +274,18 @@ impl Dialect for MySqlStore {
         insert: &str,
         sql: &Statements,
         claim: &Claim<'_>,
-    ) -> Result<Option<Lease>, StoreError> {
+    ) -> Result<Inserted, StoreError> {
         match bind_claim!(sql.query(insert), sql.server_clock, claim)
             .execute(&mut *conn)
             .await
         {
-            Ok(done) => Ok(Some(first_life(claim, done.last_insert_id()))),
+            Ok(done) => Ok(Inserted::Granted(first_life(claim, done.last_insert_id()))),
             Err(sqlx::Error::Database(db))
                 if db
                     .try_downcast_ref::<MySqlDatabaseError>()
                     .is_some_and(|e| e.number() == ER_DUP_ENTRY) =>
             {
-                Ok(None)
+                Ok(Inserted::Unread)
             }
             Err(error) => Err(driver_error("claim", error)),
         }

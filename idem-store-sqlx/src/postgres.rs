@@ -4,16 +4,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use idem_runtime::notice::Notice;
-use idem_runtime::{Claim, Lease, StoreError};
+use idem_runtime::{Claim, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Row;
 
+use crate::claim::Inserted;
 use crate::connection::{connect_checked, connecting, Check};
 use crate::dialect::{behind, derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Stored, Upserted};
 use crate::error::{driver_error, refused};
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::pooler::{on_pool, Pooler};
-use crate::row::{granted_lease, record_from_row};
+use crate::row::{granted_lease, read_at, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{
     insert_if_absent, strippable, upsert_on_conflict, ServerClock, StatementClock, Statements, STRIPPED,
@@ -199,20 +200,55 @@ impl Dialect for PostgresStore {
         Some(insert_if_absent::<Self>(table, clock))
     }
 
+    /// The record in the insert's way is read in the statement's snapshot, before the
+    /// insert: one the snapshot cannot see (another claim committed it since) leaves
+    /// the row empty, and the claim reads it as after a plain insert.
+    fn insert_and_read_statement(table: &str, clock: StatementClock) -> Option<String> {
+        let insert = insert_if_absent::<Self>(table, clock);
+        let (values, conflict) = insert
+            .split_once(" ON CONFLICT")
+            .expect("the insert has a conflict clause");
+        let (into, row) = values
+            .split_once(" VALUES (")
+            .expect("the insert has one row of values");
+        let row = row.strip_suffix(')').expect("the row of values ends the insert");
+        let now = clock.0.map_or("statement_timestamp()", |server| server.now);
+        Some(format!(
+            "WITH stood AS (SELECT {COLUMNS} FROM {table} WHERE biz_type = $1 AND idempotent_key = $2), \
+             granted AS ({into} SELECT {row} WHERE NOT EXISTS (SELECT FROM stood) ON CONFLICT{conflict}) \
+             SELECT stood.*, {now}, granted.fence, granted.created_at \
+             FROM (SELECT 1) AS one LEFT JOIN granted ON TRUE LEFT JOIN stood ON TRUE"
+        ))
+    }
+
     async fn insert_if_absent(
         conn: &mut PgConnection,
         insert: &str,
         sql: &Statements,
         claim: &Claim<'_>,
-    ) -> Result<Option<Lease>, StoreError> {
+    ) -> Result<Inserted, StoreError> {
         let row = bind_claim!(sql.query(insert), sql.server_clock, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
-        match row {
-            Some(row) => granted_lease::<_, DateTime<Utc>>(claim, &row, 0),
-            None => Ok(None),
+        let Some(row) = row else { return Ok(Inserted::Unread) };
+        // The plain insert returns the fence and `created_at` alone; the one that reads
+        // too returns the record in its way, the instant, and then those.
+        if row.len() == 2 {
+            return Ok(granted_lease::<_, DateTime<Utc>>(claim, &row, 0)?.map_or(Inserted::Unread, Inserted::Granted));
         }
+        if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, &row, GRANTED_AT + 1)? {
+            return Ok(Inserted::Granted(lease));
+        }
+        let stood: Option<String> = row.try_get(0).map_err(|e| driver_error("claim", e))?;
+        if stood.is_none() {
+            return Ok(Inserted::Unread);
+        }
+        let read_at = sql
+            .server_clock
+            .then(|| read_at::<_, DateTime<Utc>>(&row))
+            .transpose()?;
+        Ok(Inserted::Read(record_from_row::<_, DateTime<Utc>>(&row)?, read_at))
     }
 
     /// SKIP LOCKED: a purge never waits behind a claim in flight.

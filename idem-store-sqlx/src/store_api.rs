@@ -247,7 +247,9 @@ macro_rules! impl_store_api {
             /// floor idem is held to. (On PostgreSQL it inserts a record nobody holds and
             /// returns its fence and `created_at`; a record in the way is read, and taken
             /// over by [`takeover_sql`](Self::takeover_sql) only if it is claimable.
-            /// Elsewhere it is that statement.)
+            /// While a store's claims often meet records, PostgreSQL's starts instead
+            /// with the same insert that also reads the record in its way, a replay
+            /// in one round trip. Elsewhere it is that statement.)
             pub fn claim_sql(&self) -> &str {
                 self.parts.insert_sql.as_deref().unwrap_or(&self.parts.upsert_sql)
             }

@@ -37,7 +37,8 @@ macro_rules! impl_idempotency_store {
                         conn: &mut *conn,
                         upsert: &self.parts.upsert_sql,
                         get: self.get_statement(),
-                        insert: self.parts.insert_sql.as_deref(),
+                        insert: self.parts.first_claim(),
+                        duplicates: Some(&self.parts.duplicates),
                         sql: &self.parts.sql,
                         pinned: false,
                     };
@@ -154,13 +155,17 @@ macro_rules! impl_idempotency_store {
             async fn insert(
                 &mut self,
                 claim: &idem_runtime::Claim<'_>,
-            ) -> Result<Option<idem_runtime::Lease>, idem_runtime::StoreError> {
+            ) -> Result<crate::claim::Inserted, idem_runtime::StoreError> {
                 let insert = self.insert.expect("a site that inserts first has the statement");
                 let (conn, sql) = (&mut *self.conn, self.sql);
-                crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
+                let inserted = crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
                     <$store as crate::dialect::Dialect>::insert_if_absent(conn, insert, sql, claim)
                 })
-                .await
+                .await?;
+                if let Some(duplicates) = self.duplicates {
+                    duplicates.observe(!matches!(inserted, crate::claim::Inserted::Granted(_)));
+                }
+                Ok(inserted)
             }
 
             async fn upsert(

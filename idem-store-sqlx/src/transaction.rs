@@ -426,6 +426,7 @@ macro_rules! impl_transaction_database {
                     // In the caller's transaction the claim statement alone decides, as it
                     // always has: its row lock is the one a duplicate waits on.
                     insert: None,
+                    duplicates: None,
                     sql: &table.sql,
                     pinned: true,
                 };

@@ -19,6 +19,8 @@ pub mod notices;
 #[doc(hidden)]
 pub mod retention;
 #[doc(hidden)]
+pub mod round_trips;
+#[doc(hidden)]
 pub mod scenarios;
 #[doc(hidden)]
 pub mod steps;
