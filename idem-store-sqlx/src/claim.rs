@@ -45,6 +45,16 @@ pub(crate) trait ClaimSite {
         let _ = claim;
         std::future::ready(Ok(Inserted::Unread))
     }
+    /// Whether the site reads the record before its claim statement: while claims
+    /// often meet records, where no insert reads it in the same statement (SQLite,
+    /// MySQL, a Galera node).
+    fn reads_first(&self) -> bool {
+        false
+    }
+    /// Count the claim's first look: it `met` a record, or found none.
+    fn observe(&self, met: bool) {
+        let _ = met;
+    }
     fn upsert(&mut self, claim: &Claim<'_>) -> impl Future<Output = Result<Upserted, StoreError>> + Send;
     /// The record, and the instant it was read at by the server's clock (`None` on the
     /// caller's: the claim's instant judges).
@@ -55,17 +65,25 @@ pub(crate) trait ClaimSite {
 }
 
 /// What a claim's insert of a key nobody holds came to. (SQLite claims with its
-/// upsert alone, and only PostgreSQL's insert reads.)
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+/// upsert alone.)
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) enum Inserted {
     /// The record was inserted: the key is ours.
     Granted(Lease),
     /// A record stood, and the statement read it too (a replay in one round trip), at
-    /// this instant of the server's clock where the statements judge by it. (Only
-    /// PostgreSQL's insert reads.)
+    /// this instant of the server's clock where the statements judge by it.
     Read(Record, Option<SystemTime>),
     /// A record stood that the statement did not read: the claim reads it.
     Unread,
+}
+
+/// The insert a claim starts with, where the dialect has one (SQLite's has none).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) struct FirstClaim<'s> {
+    pub sql: &'s str,
+    /// Whether the statement also reads the record in its way.
+    pub reads: bool,
 }
 
 /// A connection of dialect `D` (a pooled one, or the caller's transaction's) with the
@@ -77,7 +95,7 @@ pub(crate) struct OnConnection<'c, D: Dialect> {
     /// The read of one record.
     pub get: &'c str,
     /// The dialect's insert-if-absent claim, where it has one and the site uses it.
-    pub insert: Option<&'c str>,
+    pub insert: Option<FirstClaim<'c>>,
     /// Where the insert's outcomes are counted (on the store's pool).
     pub duplicates: Option<&'c crate::duplicates::Duplicates>,
     /// The table's statements: whose clock they judge by, whether they are prepared.
@@ -100,14 +118,29 @@ pub(crate) async fn claim_or_read<S: ClaimSite>(
     site: &mut S,
     rolled_back: RolledBack,
 ) -> Result<ClaimOutcome, StoreError> {
+    // While claims often meet records, a site that cannot read in its insert reads
+    // first: a record that stands is the answer in one statement.
+    let reads_first = site.reads_first();
+    if reads_first {
+        let (stood, judged_at) = read_judged(site, claim).await?;
+        site.observe(stood.is_some());
+        if let Some(existing) = standing(claim, stood, judged_at) {
+            return Ok(existing);
+        }
+    }
     // The insert, where the site has one, is a round of its own before the claim
     // statement's.
     let inserts_first = site.inserts_first();
     for round in 0..CLAIM_ATTEMPTS + usize::from(inserts_first) {
+        let first_look = round == 0 && !reads_first;
         let (stood, judged_at) = if inserts_first && round == 0 {
             // The insert judges nothing: a record it met (and read) is judged by the
             // instant of that read.
-            match site.insert(claim).await {
+            let inserted = site.insert(claim).await;
+            if let Ok(inserted) = &inserted {
+                site.observe(!matches!(inserted, Inserted::Granted(_)));
+            }
+            match inserted {
                 Ok(Inserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
                 Ok(Inserted::Read(record, read_at)) => (Some(record), Some(read_at.unwrap_or(claim.now))),
                 Ok(Inserted::Unread) => read_judged(site, claim).await?,
@@ -118,7 +151,11 @@ pub(crate) async fn claim_or_read<S: ClaimSite>(
             // it is judged again, as a read is); a record read afterwards is judged by
             // the instant of that read.
             let trusted = site.on_server_clock();
-            match site.upsert(claim).await {
+            let upserted = site.upsert(claim).await;
+            if let (true, Ok(upserted)) = (first_look, &upserted) {
+                site.observe(!matches!(upserted, Upserted::Granted(_)));
+            }
+            match upserted {
                 Ok(Upserted::Granted(lease)) => return Ok(ClaimOutcome::Acquired(lease)),
                 Ok(Upserted::Refused(Some(record))) => (Some(record), (!trusted).then_some(claim.now)),
                 Ok(Upserted::Refused(None)) => read_judged(site, claim).await?,

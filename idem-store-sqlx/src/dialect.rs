@@ -10,7 +10,7 @@ use idem_runtime::{Claim, Lease, LeaseClock, Record, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
-use crate::claim::Inserted;
+use crate::claim::{FirstClaim, Inserted};
 use crate::duplicates::Duplicates;
 use crate::error::driver_error;
 use crate::pooler::on_pool;
@@ -32,8 +32,9 @@ pub(crate) struct Parts<DB: Database> {
     /// The dialect's claim of a key nobody holds, tried first where it has one.
     pub insert_sql: Option<Arc<str>>,
     /// The same claim that also reads the record in its way, where the dialect has
-    /// one: tried first instead while claims often meet records.
-    pub insert_and_read_sql: Option<Arc<str>>,
+    /// one (on MariaDB, learned with the server): tried first instead while claims
+    /// often meet records.
+    pub insert_and_read_sql: Arc<OnceLock<Arc<str>>>,
     /// How often the store's claims meet a record.
     pub duplicates: Arc<Duplicates>,
     /// The dialect's bounded purge.
@@ -55,10 +56,13 @@ impl<DB: Database> Parts<DB> {
     /// The statement a claim on the pool starts with, where the dialect has one: the
     /// insert that also reads what stands in its way while claims often meet records,
     /// the plain insert otherwise.
-    pub fn first_claim(&self) -> Option<&str> {
-        match &self.insert_and_read_sql {
-            Some(reading) if self.duplicates.common() => Some(reading),
-            _ => self.insert_sql.as_deref(),
+    pub fn first_claim(&self) -> Option<FirstClaim<'_>> {
+        match self.insert_and_read_sql.get() {
+            Some(reading) if self.duplicates.common() => Some(FirstClaim {
+                sql: reading,
+                reads: true,
+            }),
+            _ => self.insert_sql.as_deref().map(|sql| FirstClaim { sql, reads: false }),
         }
     }
 }
@@ -183,18 +187,19 @@ pub(crate) trait Dialect: Stored {
 
     /// [`insert_statement`](Self::insert_statement) that also returns the record in
     /// its way, with the server's instant of the statement — a replay in one round
-    /// trip — where the dialect has one. Binds as the claim statement's.
+    /// trip — where every server of the dialect has one (MariaDB's is learned with
+    /// the server). Binds as the claim statement's.
     fn insert_and_read_statement(table: &str, clock: StatementClock) -> Option<String> {
         let _ = (table, clock);
         None
     }
 
-    /// Run `insert` — [`insert_statement`](Self::insert_statement) or
-    /// [`insert_and_read_statement`](Self::insert_and_read_statement) — on `conn`: the
-    /// lease when it inserted the record, else the record in its way where it read it.
+    /// Run `insert` — [`insert_statement`](Self::insert_statement), or the one that
+    /// also reads — on `conn`: the lease when it inserted the record, else the record
+    /// in its way where it read it.
     fn insert_if_absent(
         conn: &mut <Self::Db as Database>::Connection,
-        insert: &str,
+        insert: FirstClaim<'_>,
         sql: &Statements,
         claim: &Claim<'_>,
     ) -> impl Future<Output = Result<Inserted, StoreError>> + Send {
@@ -351,7 +356,9 @@ pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, cl
         sql: Arc::new(sql),
         upsert_sql: D::claim_statement(&table, clock).into(),
         insert_sql: D::insert_statement(&table, clock).map(Into::into),
-        insert_and_read_sql: D::insert_and_read_statement(&table, clock).map(Into::into),
+        insert_and_read_sql: Arc::new(
+            D::insert_and_read_statement(&table, clock).map_or_else(OnceLock::new, |sql| OnceLock::from(Arc::from(sql))),
+        ),
         duplicates: Arc::default(),
         purge_sql: D::purge_statement(&table, clock).into(),
         strip_sql: D::strip_statement(&table, clock).into(),

@@ -23,12 +23,14 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 use idem_runtime::{Claim, Lease, StoreError};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlQueryResult};
+use sqlx::Row;
 
-use crate::claim::Inserted;
+use crate::claim::{FirstClaim, Inserted};
 use crate::connection::connect;
-use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Upserted};
+use crate::dialect::{derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Stored, Upserted};
 use crate::error::driver_error;
 use crate::migration::{create_table, statements, ColumnTypes, STATUS_CHECK};
+use crate::row::read_in_insert;
 use crate::shape::{length, split_table, Column, Need, UniqueKey};
 use crate::statements::{strippable, ServerClock, StatementClock, Statements, STRIPPED};
 use crate::store_api::{impl_record_pages, impl_store_api};
@@ -271,11 +273,24 @@ impl Dialect for MySqlStore {
 
     async fn insert_if_absent(
         conn: &mut MySqlConnection,
-        insert: &str,
+        insert: FirstClaim<'_>,
         sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Inserted, StoreError> {
-        match bind_claim!(sql.query(insert), sql.server_clock, claim)
+        if insert.reads {
+            let row = bind_claim!(sql.query(insert.sql), sql.server_clock, claim)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| driver_error("claim", e))?;
+            let granted: u64 = row
+                .try_get(crate::shape::WRITTEN.len() + 1)
+                .map_err(|e| driver_error("claim", e))?;
+            return match granted {
+                0 => read_in_insert::<_, NaiveDateTime>(&row, sql.server_clock),
+                fence => Ok(Inserted::Granted(first_life(claim, fence))),
+            };
+        }
+        match bind_claim!(sql.query(insert.sql), sql.server_clock, claim)
             .execute(&mut *conn)
             .await
         {
@@ -450,6 +465,10 @@ impl Dialect for MySqlStore {
         done.rows_affected()
     }
 
+    /// MariaDB 10.5 and later return rows from an `INSERT` (`RETURNING`): there a claim
+    /// may read the record in its way in its own statement — but not on a Galera
+    /// node, whose reads of a record must wait for the other nodes' commits.
+    ///
     /// A Galera node (`wsrep_on`) applies other nodes' commits after they return: reads
     /// wait for them (`wsrep_sync_wait`, per statement on MariaDB; MySQL-based
     /// clusters have no per-statement form and are told to set it for the session).
@@ -460,7 +479,16 @@ impl Dialect for MySqlStore {
                 .await
                 .map_err(|e| driver_error("reading the server's settings", e))?;
         let setting = |name: &str| settings.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
-        if setting("wsrep_on").is_some_and(|on| on.eq_ignore_ascii_case("ON")) {
+        let galera = setting("wsrep_on").is_some_and(|on| on.eq_ignore_ascii_case("ON"));
+        if !galera && setting("version").is_some_and(returns_from_insert) {
+            let table = crate::table::quoted(&self.parts.sql.table, Self::QUOTE);
+            let clock = StatementClock::of::<Self>(self.lease_clock());
+            let _ = self
+                .parts
+                .insert_and_read_sql
+                .set(insert_and_read(&table, clock).into());
+        }
+        if galera {
             if setting("version").is_some_and(|v| v.contains("MariaDB")) {
                 let _ = self
                     .parts
@@ -474,6 +502,26 @@ impl Dialect for MySqlStore {
         }
         Ok(())
     }
+}
+
+/// Whether the server of `version` returns rows from an `INSERT`: MariaDB 10.5 on.
+fn returns_from_insert(version: &str) -> bool {
+    let mut numbers = version.split(['.', '-']).map(|part| part.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    version.contains("MariaDB") && (major, minor) >= (10, 5)
+}
+
+/// The claim's plain insert that, meeting a record, changes nothing and returns it —
+/// its columns as `get` reads them, the server's instant, then `LAST_INSERT_ID()`:
+/// the new record's fence when it inserted one, `0` when one stood. (MariaDB's
+/// `RETURNING` returns the row an `ON DUPLICATE KEY UPDATE` left.) Binds as the plain
+/// insert.
+fn insert_and_read(table: &str, clock: StatementClock) -> String {
+    let insert = MySqlStore::insert_statement(table, clock).expect("MySQL has a plain insert");
+    format!(
+        "{insert} ON DUPLICATE KEY UPDATE fence = fence + LAST_INSERT_ID(0) \
+         RETURNING {SELECT_COLUMNS}, UTC_TIMESTAMP(6), LAST_INSERT_ID()"
+    )
 }
 
 impl_idempotency_store!(MySqlStore, sqlx::MySql);
@@ -502,4 +550,23 @@ fn text_of_at_least(column: &Column, chars: u64) -> bool {
     declared.ends_with("text")
         || ((declared.starts_with("varchar") || declared.starts_with("char"))
             && length(declared).is_some_and(|n| n >= chars))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::returns_from_insert;
+
+    #[test]
+    fn only_mariadb_from_10_5_returns_rows_from_an_insert() {
+        assert!(returns_from_insert("10.11.19-MariaDB-0+deb12u1"));
+        assert!(returns_from_insert("10.5.0-MariaDB"));
+        assert!(returns_from_insert("11.4.2-MariaDB-log"));
+        assert!(!returns_from_insert("10.4.32-MariaDB"));
+        assert!(
+            !returns_from_insert("5.5.5-10.11.6-MariaDB"),
+            "the old replication prefix reads as 5.5"
+        );
+        assert!(!returns_from_insert("8.0.36"));
+        assert!(!returns_from_insert("8.4.0-commercial"));
+    }
 }

@@ -8,13 +8,13 @@ use idem_runtime::{Claim, StoreError};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use sqlx::Row;
 
-use crate::claim::Inserted;
+use crate::claim::{FirstClaim, Inserted};
 use crate::connection::{connect_checked, connecting, Check};
 use crate::dialect::{behind, derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Stored, Upserted};
 use crate::error::{driver_error, refused};
 use crate::migration::{create_table, statements, ColumnTypes};
 use crate::pooler::{on_pool, Pooler};
-use crate::row::{granted_lease, read_at, record_from_row};
+use crate::row::{granted_lease, read_in_insert, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
 use crate::statements::{
     insert_if_absent, strippable, upsert_on_conflict, ServerClock, StatementClock, Statements, STRIPPED,
@@ -223,18 +223,18 @@ impl Dialect for PostgresStore {
 
     async fn insert_if_absent(
         conn: &mut PgConnection,
-        insert: &str,
+        insert: FirstClaim<'_>,
         sql: &Statements,
         claim: &Claim<'_>,
     ) -> Result<Inserted, StoreError> {
-        let row = bind_claim!(sql.query(insert), sql.server_clock, claim)
+        let row = bind_claim!(sql.query(insert.sql), sql.server_clock, claim)
             .fetch_optional(&mut *conn)
             .await
             .map_err(|e| driver_error("claim", e))?;
         let Some(row) = row else { return Ok(Inserted::Unread) };
         // The plain insert returns the fence and `created_at` alone; the one that reads
         // too returns the record in its way, the instant, and then those.
-        if row.len() == 2 {
+        if !insert.reads {
             return Ok(granted_lease::<_, DateTime<Utc>>(claim, &row, 0)?.map_or(Inserted::Unread, Inserted::Granted));
         }
         if let Some(lease) = granted_lease::<_, DateTime<Utc>>(claim, &row, GRANTED_AT + 1)? {
@@ -244,11 +244,7 @@ impl Dialect for PostgresStore {
         if stood.is_none() {
             return Ok(Inserted::Unread);
         }
-        let read_at = sql
-            .server_clock
-            .then(|| read_at::<_, DateTime<Utc>>(&row))
-            .transpose()?;
-        Ok(Inserted::Read(record_from_row::<_, DateTime<Utc>>(&row)?, read_at))
+        read_in_insert::<_, DateTime<Utc>>(&row, sql.server_clock)
     }
 
     /// SKIP LOCKED: a purge never waits behind a claim in flight.

@@ -114,6 +114,24 @@ where
     at.into_system_time().map_err(StoreError::new)
 }
 
+/// The record a claim's insert read in its way (its row selected with
+/// [`COLUMNS`](crate::table::COLUMNS), then the server's instant), with that instant
+/// where the statements judge by the server's clock.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn read_in_insert<'r, R, Ts>(row: &'r R, server_clock: bool) -> Result<crate::claim::Inserted, StoreError>
+where
+    R: Row,
+    usize: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Option<String>: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    Ts: Stamp + Decode<'r, R::Database> + Type<R::Database>,
+    Option<Ts>: Decode<'r, R::Database> + Type<R::Database>,
+{
+    let read_at = server_clock.then(|| read_at::<_, Ts>(row)).transpose()?;
+    Ok(crate::claim::Inserted::Read(record_from_row::<_, Ts>(row)?, read_at))
+}
+
 /// Decode a row selected with [`COLUMNS`](crate::table::COLUMNS) into a [`Record`].
 /// A row that does not decode is an error naming its biz and key; nothing is guessed.
 pub(crate) fn record_from_row<'r, R, Ts>(row: &'r R) -> Result<Record, StoreError>

@@ -158,14 +158,21 @@ macro_rules! impl_idempotency_store {
             ) -> Result<crate::claim::Inserted, idem_runtime::StoreError> {
                 let insert = self.insert.expect("a site that inserts first has the statement");
                 let (conn, sql) = (&mut *self.conn, self.sql);
-                let inserted = crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
+                crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
                     <$store as crate::dialect::Dialect>::insert_if_absent(conn, insert, sql, claim)
                 })
-                .await?;
+                .await
+            }
+
+            fn reads_first(&self) -> bool {
+                self.duplicates.is_some_and(crate::duplicates::Duplicates::common)
+                    && !self.insert.is_some_and(|insert| insert.reads)
+            }
+
+            fn observe(&self, met: bool) {
                 if let Some(duplicates) = self.duplicates {
-                    duplicates.observe(!matches!(inserted, crate::claim::Inserted::Granted(_)));
+                    duplicates.observe(met);
                 }
-                Ok(inserted)
             }
 
             async fn upsert(

@@ -149,3 +149,51 @@ async fn keys_are_exact() {
         );
     }
 }
+
+/// A store whose one connection goes through a link that counts round trips.
+async fn through_link() -> Option<(MySqlStore, idem_testkit::harness::link::Link)> {
+    use idem::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+    let url = conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB")?;
+    let options: MySqlConnectOptions = url.parse().expect("the test URL parses");
+    let link = idem_testkit::harness::link::Link::to(options.get_port()).await;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.port(link.port()))
+        .await
+        .expect("connect to MariaDB through the link");
+    let store = MySqlStore::new(pool);
+    store.migrate().await.expect("migrate");
+    Some((store, link))
+}
+
+#[tokio::test]
+async fn a_replay_takes_one_round_trip() {
+    let Some((store, link)) = through_link().await else {
+        return;
+    };
+    let pool = store.pool().clone();
+    let read = || async {
+        idem::sqlx::query("SELECT * FROM idempotent_record WHERE biz_type = ? AND idempotent_key = ?")
+            .bind("b")
+            .bind("k")
+            .fetch_optional(&pool)
+            .await
+            .expect("read a row by its key");
+    };
+    conformance::round_trips::a_replay_takes_one_round_trip(Arc::new(store), || link.round_trips(), read).await;
+}
+
+/// A replay's claim statement reads what it met, judged as a read's would be.
+#[tokio::test]
+async fn the_insert_that_reads_judges_what_it_read() {
+    let Some(store) = open_on_store_clock("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB").await else {
+        return;
+    };
+    conformance::round_trips::the_insert_that_reads_judges_what_it_read(
+        Arc::new(store),
+        true,
+        |key| edit("lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE", key),
+        |key| edit("expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE", key),
+    )
+    .await;
+}

@@ -260,75 +260,17 @@ async fn a_replay_takes_one_round_trip() {
     conformance::round_trips::a_replay_takes_one_round_trip(Arc::new(store), || link.round_trips(), read).await;
 }
 
-/// Once the store expects duplicates, a claim starts with the insert that also reads
-/// the record in its way, and that record is judged as a read's would be: a running
-/// claim stands for a caller five minutes ahead of the server's clock; a lapsed lease
-/// and an expired record are taken over, with a higher fence.
+/// A replay's claim statement reads what it met, judged as a read's would be.
 #[tokio::test]
 async fn the_insert_that_reads_judges_what_it_read() {
-    use idem::store::{Claim, ClaimOutcome};
-    use idem::{IdempotencyStore, Status};
     let Some(store) = open_on_store_clock().await else {
         return;
     };
-    let biz = conformance::unique("insert-and-read");
-    let (running, lapsed, expired) = (
-        conformance::unique("running"),
-        conformance::unique("lapsed"),
-        conformance::unique("expired"),
-    );
-    let now = idem::store::now();
-    let claim = |key: &str, at| {
-        let (store, biz, key) = (store.clone(), biz.clone(), key.to_owned());
-        async move {
-            let claim = Claim::new(&biz, &key, at, Duration::from_secs(30), Duration::from_secs(3600));
-            store.claim(&claim).await.expect("the claim is answered")
-        }
-    };
-    let acquired = |outcome| match outcome {
-        ClaimOutcome::Acquired(lease) => lease,
-        other => panic!("expected the key granted, got {other:?}"),
-    };
-    let first = [&running, &lapsed, &expired].map(|key| claim(key, now));
-    let [running_lease, lapsed_lease, expired_lease] = futures_join(first).await.map(acquired);
-    for _ in 0..8 {
-        assert!(matches!(claim(&running, now).await, ClaimOutcome::Existing(_)));
-    }
-
-    let ahead = claim(&running, now + Duration::from_secs(300)).await;
-    assert!(
-        matches!(&ahead, ClaimOutcome::Existing(record) if record.status == Status::Processing && record.fence == running_lease.fence),
-        "a running claim was not answered to a caller ahead: {ahead:?}"
-    );
-
-    edit(
-        "lease_until = statement_timestamp() - INTERVAL '1 minute'",
-        lapsed.clone(),
+    conformance::round_trips::the_insert_that_reads_judges_what_it_read(
+        Arc::new(store),
+        true,
+        |key| edit("lease_until = statement_timestamp() - INTERVAL '1 minute'", key),
+        |key| edit("expires_at = statement_timestamp() - INTERVAL '1 minute'", key),
     )
     .await;
-    let taken = acquired(claim(&lapsed, now).await);
-    assert!(
-        taken.fence > lapsed_lease.fence,
-        "a lapsed lease taken over at a higher fence"
-    );
-
-    let completed = store.complete(&expired_lease, "\"done\"", now, Duration::from_secs(3600));
-    assert_eq!(completed.await.unwrap(), idem::store::FenceCheck::Held);
-    edit(
-        "expires_at = statement_timestamp() - INTERVAL '1 minute'",
-        expired.clone(),
-    )
-    .await;
-    let renewed = acquired(claim(&expired, now).await);
-    assert!(
-        renewed.fence > expired_lease.fence,
-        "an expired record claimed anew at a higher fence"
-    );
-}
-
-/// Three claims at once.
-async fn futures_join<F: std::future::Future>(claims: [F; 3]) -> [F::Output; 3] {
-    let [a, b, c] = claims;
-    let (a, b, c) = tokio::join!(a, b, c);
-    [a, b, c]
 }

@@ -70,3 +70,49 @@ async fn migrate_is_idempotent_and_table_names_are_checked() {
             .unwrap();
     assert_eq!(migrations, 0, "the application's migration history is not touched");
 }
+
+/// Once the store has met duplicates, a replay is a read: it answers while another
+/// connection holds the file's write lock (a claim statement would wait for it, up to
+/// the store's 10 s busy timeout).
+#[tokio::test]
+async fn a_replay_reads_past_a_writer() {
+    let path = std::env::temp_dir().join(format!("idem-test-writer-{}.db", std::process::id()));
+    let url = format!("sqlite://{}", path.display());
+    let store = SqliteStore::connect(&url).await.expect("open the SQLite file");
+    store.migrate().await.expect("migrate");
+    let op = idem::Idempotent::new("read-past-a-writer").store(Arc::new(store));
+    let call = || op.execute("paid", async { Ok::<_, idem::Error>(7_u32) });
+    for _ in 0..10 {
+        assert_eq!(call().await.expect("the call is answered"), 7);
+    }
+    let writer = SqliteStore::connect(&url).await.expect("open the file again");
+    let mut writing = writer.pool().acquire().await.unwrap();
+    idem::sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut *writing)
+        .await
+        .expect("take the write lock");
+    let replay = tokio::time::timeout(Duration::from_secs(3), call()).await;
+    idem::sqlx::raw_sql("ROLLBACK").execute(&mut *writing).await.unwrap();
+    assert_eq!(
+        replay
+            .expect("the replay waited for the writer")
+            .expect("the replay is answered"),
+        7
+    );
+    drop(writing);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A claim that read first judges what it read: a lapsed lease and an expired record
+/// are taken over.
+#[tokio::test]
+async fn the_read_before_the_claim_judges_what_it_read() {
+    let store = open().await.unwrap();
+    conformance::round_trips::the_insert_that_reads_judges_what_it_read(
+        Arc::new(store),
+        false,
+        |key| edit("lease_until = '2000-01-01 00:00:00.000000'", key),
+        |key| edit("expires_at = '2000-01-01 00:00:00.000000'", key),
+    )
+    .await;
+}

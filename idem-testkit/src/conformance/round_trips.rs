@@ -1,10 +1,13 @@
-//! What a call costs in round trips to its store: a replay as many as one read of a
+//! What a call costs in round trips to its store — a replay as many as one read of a
 //! row by its key, a first execution as many as two statements (the claim, the
-//! record).
+//! record) — and what the claim that reads in the same statement makes of the record
+//! it read.
 
 use std::future::Future;
+use std::time::Duration;
 
-use idem::{Error, Idempotent};
+use idem::store::{Claim, ClaimOutcome, FenceCheck};
+use idem::{Error, Idempotent, Status};
 
 use super::calls::Store;
 use super::unique;
@@ -49,5 +52,71 @@ where
         first,
         2 * one,
         "a first execution took {first} round trips, one statement {one}"
+    );
+}
+
+/// Once a store has met duplicates, a claim that reads the record in its way (in its
+/// insert, or before its claim statement) judges it as a read's would be: a running
+/// claim stands — with `server_clock` (`store` judges leases by its server's clock),
+/// also for a caller five minutes ahead of it; a lapsed lease and an expired record
+/// are taken over, at a higher fence. `lapse(key)` ends the lease of `key`'s record
+/// and `expire(key)` its life, by hand.
+pub async fn the_insert_that_reads_judges_what_it_read<L, LF, E, EF>(
+    store: Store,
+    server_clock: bool,
+    lapse: L,
+    expire: E,
+) where
+    L: Fn(String) -> LF,
+    LF: Future<Output = ()>,
+    E: Fn(String) -> EF,
+    EF: Future<Output = ()>,
+{
+    let biz = unique("insert-and-read");
+    let [running, lapsed, expired] = ["running", "lapsed", "expired"].map(unique);
+    let now = idem::store::now();
+    let claim = |key: &str, at| {
+        let (store, biz, key) = (store.clone(), biz.clone(), key.to_owned());
+        async move {
+            let claim = Claim::new(&biz, &key, at, Duration::from_secs(30), Duration::from_secs(3600));
+            store.claim(&claim).await.expect("the claim is answered")
+        }
+    };
+    let acquired = |outcome| match outcome {
+        ClaimOutcome::Acquired(lease) => lease,
+        other => panic!("expected the key granted, got {other:?}"),
+    };
+    let running_lease = acquired(claim(&running, now).await);
+    let lapsed_lease = acquired(claim(&lapsed, now).await);
+    let expired_lease = acquired(claim(&expired, now).await);
+    for _ in 0..WARM_UP {
+        assert!(matches!(claim(&running, now).await, ClaimOutcome::Existing(_)));
+    }
+
+    let ahead = if server_clock {
+        now + Duration::from_secs(300)
+    } else {
+        now
+    };
+    let ahead = claim(&running, ahead).await;
+    assert!(
+        matches!(&ahead, ClaimOutcome::Existing(record) if record.status == Status::Processing && record.fence == running_lease.fence),
+        "a running claim was not answered to a caller ahead: {ahead:?}"
+    );
+
+    lapse(lapsed.clone()).await;
+    let taken = acquired(claim(&lapsed, now).await);
+    assert!(
+        taken.fence > lapsed_lease.fence,
+        "a lapsed lease is taken over at a higher fence"
+    );
+
+    let completed = store.complete(&expired_lease, "\"done\"", now, Duration::from_secs(3600));
+    assert_eq!(completed.await.expect("the completion is recorded"), FenceCheck::Held);
+    expire(expired.clone()).await;
+    let renewed = acquired(claim(&expired, now).await);
+    assert!(
+        renewed.fence > expired_lease.fence,
+        "an expired record is claimed anew at a higher fence"
     );
 }

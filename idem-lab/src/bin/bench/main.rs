@@ -9,6 +9,7 @@
 //! cargo run --release -p idem-lab --bin bench -- --seal-only           # just what sealing costs
 //! cargo run --release -p idem-lab --bin bench -- --latency-only        # just the first table
 //! cargo run --release -p idem-lab --bin bench -- --storm-only          # just the storms
+//! cargo run --release -p idem-lab --bin bench -- --replay-only         # a replay against a read by key
 //! cargo run --release -p idem-lab --bin bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
 //!
@@ -611,6 +612,7 @@ mod growth;
 mod http_layer;
 mod messages;
 mod redis_floor;
+mod replay;
 mod sealed;
 mod seed_floor;
 mod storm;
@@ -652,6 +654,10 @@ async fn main() {
         storm::report(&backends, &sqlite_path()).await;
         return;
     }
+    if args.iter().any(|a| a == "--replay-only") {
+        replay::report(&backends, calls).await;
+        return;
+    }
     if args.iter().any(|a| a == "--seal-only") {
         sealed::report(&backends, calls).await;
         return;
@@ -668,6 +674,7 @@ async fn main() {
     transactional::report(&backends, calls).await;
     http_layer::report(&backends, calls).await;
     sealed::report(&backends, calls).await;
+    replay::report(&backends, calls).await;
     messages::report(calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");

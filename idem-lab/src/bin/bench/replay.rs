@@ -1,0 +1,87 @@
+//! A replay against one read of its record by primary key on the same pool — the
+//! least a replay can cost — and, on PostgreSQL and MariaDB, against the two
+//! statements a replay took before its claim read the record in its way (the store's
+//! plain insert, which met the record, then the read), typed by hand. One call of
+//! each in turn, on a store that has met duplicates.
+
+use std::hint::black_box;
+
+use idem::sqlx;
+use idem::Idempotent;
+
+use super::{alternate, bare, length_micros, micros, run_id, Backend, Floor, Percentiles, BIZ, LEASE, NO_TEXT, TTL};
+
+/// The rows of every backend a replay reads a server for.
+pub async fn report(backends: &[Backend], calls: usize) {
+    println!("\n| backend | read by primary key (p50 µs) | idem replay | replay ÷ read | insert, then read, by hand | replay ÷ by hand |");
+    println!("|---|---|---|---|---|---|");
+    for backend in backends {
+        if backend.floor.is_none() && backend.redis_floor.is_none() {
+            continue;
+        }
+        let by_hand = match &backend.floor {
+            Some(floor @ (Floor::Postgres(_) | Floor::MySql(_))) => Some(floor),
+            _ => None,
+        };
+        let key = format!("{}-replayed", run_id());
+        let op = Idempotent::new(BIZ).store(backend.store.clone());
+        op.execute(key.clone(), bare(0)).await.unwrap();
+        let (op, key) = (&op, key.as_str());
+        let measured = alternate(
+            calls,
+            |variant, _| {
+                Box::pin(async move {
+                    match variant {
+                        0 => drop(black_box(backend.store.get(BIZ, key).await.unwrap())),
+                        1 => drop(black_box(op.execute(key, bare(1)).await.unwrap())),
+                        _ => insert_then_read(by_hand.unwrap(), key).await,
+                    }
+                })
+            },
+            if by_hand.is_some() { 3 } else { 2 },
+        )
+        .await;
+        let ratio = |a: &Percentiles, b: &Percentiles| format!("{:.2}×", a.p50.as_secs_f64() / b.p50.as_secs_f64());
+        let (read, replay) = (&measured[0], &measured[1]);
+        let (hand, over_hand) = measured.get(2).map_or(("—".to_owned(), "—".to_owned()), |hand| {
+            (micros(hand.p50), ratio(replay, hand))
+        });
+        println!(
+            "| {} | {} | {} | {} | {hand} | {over_hand} |",
+            backend.name,
+            micros(read.p50),
+            micros(replay.p50),
+            ratio(replay, read)
+        );
+    }
+}
+
+/// The store's plain insert, which meets the record (on PostgreSQL returning no row,
+/// on MariaDB failing with a duplicate key), then the store's read of it: a replay's
+/// two statements.
+async fn insert_then_read(floor: &Floor, key: &str) {
+    macro_rules! insert {
+        ($store:expr) => {
+            sqlx::query($store.claim_sql())
+                .bind(BIZ)
+                .bind(key)
+                .bind(NO_TEXT)
+                .bind(NO_TEXT)
+                .bind(length_micros(LEASE))
+                .bind(length_micros(TTL))
+                .fetch_optional($store.pool())
+                .await
+        };
+    }
+    match floor {
+        Floor::Postgres(store) => {
+            assert!(insert!(store).unwrap().is_none(), "the record stood");
+            black_box(idem::IdempotencyStore::get(store, BIZ, key).await.unwrap());
+        }
+        Floor::MySql(store) => {
+            insert!(store).expect_err("the record stood");
+            black_box(idem::IdempotencyStore::get(store, BIZ, key).await.unwrap());
+        }
+        Floor::Sqlite(_) => unreachable!("SQLite claims with its upsert alone"),
+    }
+}
