@@ -15,8 +15,14 @@
 //! again and every watched key is read: a notice sent meanwhile is lost, its answer is
 //! not.
 
+use std::time::Duration;
+
 use idem_runtime::notice::Notices;
+use idem_runtime::StoreError;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::task::AbortHandle;
+
+use crate::error::driver_error;
 
 /// A store's listener: the notices it rings, and its task (which ends with it).
 #[derive(Debug)]
@@ -50,95 +56,82 @@ pub(crate) fn named_key(payload: &str) -> Option<(&str, &str)> {
     Some(rest.split_at(split))
 }
 
-pub(crate) use self::postgres::{announced, start};
+/// How long the listener's connection may take to open before the waiters read on
+/// a schedule instead.
+const CONNECTING: Duration = Duration::from_secs(2);
+/// The pause between attempts to listen again.
+const AFTER_ERROR: Duration = Duration::from_millis(100);
 
-mod postgres {
-    use std::time::Duration;
+/// `write` (a holder write with `?` placeholders) as it also notifies the waiters
+/// of the record it wrote, when one marked it `watched`. Still one row per record
+/// written, which the caller counts.
+pub(crate) fn announced(write: String, name: &str) -> String {
+    let channel = channel(name);
+    format!(
+        "WITH written AS ({write} RETURNING biz_type, idempotent_key, watched) \
+         SELECT CASE WHEN watched THEN \
+           pg_notify('{channel}', length(biz_type) || ':' || biz_type || idempotent_key) END \
+         FROM written"
+    )
+}
 
-    use idem_runtime::notice::Notices;
-    use idem_runtime::StoreError;
-    use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+/// Start listening for the table `name`'s completions, on a connection of its own
+/// made as `pool`'s are.
+pub(crate) async fn start(pool: &PgPool, name: &str) -> Result<Listening, StoreError> {
+    let failed = |e| driver_error("listening for completions", e);
+    let options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .application_name("idem listener");
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .acquire_timeout(CONNECTING)
+        .connect_lazy_with(options);
+    let channel = channel(name);
+    let listener = listening_on(&own, &channel).await.map_err(failed)?;
+    let notices = Notices::new();
+    let task = tokio::spawn(listen(own, listener, channel, notices.clone())).abort_handle();
+    Ok(Listening { notices, task })
+}
 
-    use super::{channel, named_key, Listening};
-    use crate::error::driver_error;
+/// A listener on a connection of `pool`, listening on `channel`.
+async fn listening_on(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(channel).await?;
+    Ok(listener)
+}
 
-    /// How long the listener's connection may take to open before the waiters read on
-    /// a schedule instead.
-    const CONNECTING: Duration = Duration::from_secs(2);
-    /// The pause between attempts to listen again.
-    const AFTER_ERROR: Duration = Duration::from_millis(100);
-
-    /// `write` (a holder write with `?` placeholders) as it also notifies the waiters
-    /// of the record it wrote, when one marked it `watched`. Still one row per record
-    /// written, which the caller counts.
-    pub(crate) fn announced(write: String, name: &str) -> String {
-        let channel = channel(name);
-        format!(
-            "WITH written AS ({write} RETURNING biz_type, idempotent_key, watched) \
-             SELECT CASE WHEN watched THEN \
-               pg_notify('{channel}', length(biz_type) || ':' || biz_type || idempotent_key) END \
-             FROM written"
-        )
-    }
-
-    /// Start listening for the table `name`'s completions, on a connection of its own
-    /// made as `pool`'s are.
-    pub(crate) async fn start(pool: &PgPool, name: &str) -> Result<Listening, StoreError> {
-        let failed = |e| driver_error("listening for completions", e);
-        let options = pool
-            .connect_options()
-            .as_ref()
-            .clone()
-            .application_name("idem listener");
-        let own = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .max_lifetime(None)
-            .idle_timeout(None)
-            .acquire_timeout(CONNECTING)
-            .connect_lazy_with(options);
-        let channel = channel(name);
-        let listener = listening_on(&own, &channel).await.map_err(failed)?;
-        let notices = Notices::new();
-        let task = tokio::spawn(listen(own, listener, channel, notices.clone())).abort_handle();
-        Ok(Listening { notices, task })
-    }
-
-    /// A listener on a connection of `pool`, listening on `channel`.
-    async fn listening_on(pool: &PgPool, channel: &str) -> Result<PgListener, sqlx::Error> {
-        let mut listener = PgListener::connect_with(pool).await?;
-        listener.listen(channel).await?;
-        Ok(listener)
-    }
-
-    /// Ring the notices the server sends. When the connection drops, every watched key
-    /// is read — once the listener listens again, so that a completion after that read
-    /// is told.
-    async fn listen(pool: PgPool, mut listener: PgListener, channel: String, notices: Notices) {
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(notice)) => {
-                    if let Some((biz, key)) = named_key(notice.payload()) {
-                        notices.completed(biz, key);
-                    }
+/// Ring the notices the server sends. When the connection drops, every watched key
+/// is read — once the listener listens again, so that a completion after that read
+/// is told.
+async fn listen(pool: PgPool, mut listener: PgListener, channel: String, notices: Notices) {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notice)) => {
+                if let Some((biz, key)) = named_key(notice.payload()) {
+                    notices.completed(biz, key);
                 }
-                // Dropped, then connected again and listening (sqlx reconnects at once).
-                Ok(None) => notices.lost(),
-                Err(error) => {
-                    tracing::debug!(target: "idem", %error, "the completion listener's connection failed");
-                    // A listener of its own again: sqlx's would connect again silently.
-                    drop(listener);
-                    listener = loop {
-                        match listening_on(&pool, &channel).await {
-                            Ok(listener) => break listener,
-                            Err(error) => {
-                                tracing::debug!(target: "idem", %error, "the completion listener could not listen again");
-                                tokio::time::sleep(AFTER_ERROR).await;
-                            }
+            }
+            // Dropped, then connected again and listening (sqlx reconnects at once).
+            Ok(None) => notices.lost(),
+            Err(error) => {
+                tracing::debug!(target: "idem", %error, "the completion listener's connection failed");
+                // A listener of its own again: sqlx's would connect again silently.
+                drop(listener);
+                listener = loop {
+                    match listening_on(&pool, &channel).await {
+                        Ok(listener) => break listener,
+                        Err(error) => {
+                            tracing::debug!(target: "idem", %error, "the completion listener could not listen again");
+                            tokio::time::sleep(AFTER_ERROR).await;
                         }
-                    };
-                    notices.lost();
-                }
+                    }
+                };
+                notices.lost();
             }
         }
     }
