@@ -49,6 +49,9 @@ static ERASE: LazyLock<Script> = LazyLock::new(|| script(include_str!("lua/erase
 pub struct RedisStore {
     conn: Connection,
     prefix: Arc<str>,
+    /// The channel the holders' ends of this store's records are published on: the
+    /// prefix's.
+    channel: Arc<str>,
     keep_expired: Duration,
     lease_clock: LeaseClock,
     /// Where the completion notices of its waiters come from.
@@ -137,9 +140,9 @@ impl RedisStore {
         self
     }
 
-    /// The channel the holders' ends of this store's records are published on.
-    fn channel(&self) -> String {
-        format!("{}notices", self.prefix)
+    /// The channel of the records under `prefix`.
+    fn channel_of(prefix: &str) -> Arc<str> {
+        format!("{prefix}notices").into()
     }
 
     /// A store on the application's own connection manager — built with the password,
@@ -171,6 +174,7 @@ impl RedisStore {
         let store = RedisStore {
             conn,
             prefix: DEFAULT_PREFIX.into(),
+            channel: Self::channel_of(DEFAULT_PREFIX),
             keep_expired: DEFAULT_KEEP_EXPIRED,
             lease_clock: LeaseClock::Store,
             listener: Listener::default(),
@@ -210,6 +214,7 @@ impl RedisStore {
             )));
         }
         self.prefix = prefix.into();
+        self.channel = Self::channel_of(prefix);
         // Another prefix, another channel: a subscriber of its own.
         self.listener = self.listener.renewed();
         Ok(self)
@@ -386,7 +391,7 @@ impl RedisStore {
             .arg(self.caller_now(now))
             .arg(replay)
             .arg(retention.subject.as_deref().unwrap_or(""))
-            .arg(self.channel());
+            .arg(&*self.channel);
         let applied: i64 = self.run(what, (&lease.biz, &lease.key), &invocation).await?;
         Ok(if applied == 1 {
             FenceCheck::Held
@@ -471,9 +476,9 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn watch(&self, biz: &str, key: &str) -> Result<Option<idem_runtime::notice::Notice>, StoreError> {
-        let (record_key, channel) = (self.record_key(biz, key), self.channel());
+        let record_key = self.record_key(biz, key);
         self.listener
-            .watch(&self.conn, &channel, &record_key, (biz, key), &self.prefix)
+            .watch(&self.conn, &self.channel, &record_key, (biz, key), &self.prefix)
             .await
     }
 

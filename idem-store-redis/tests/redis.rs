@@ -460,3 +460,36 @@ async fn a_subscriber_that_lost_its_connection_costs_a_read_not_an_answer() {
     let mend = || run(on);
     conformance::notices::a_lost_notice_costs_a_read(Arc::new(holding), Arc::new(waiting), cut, mend).await;
 }
+
+/// A replay is one script, as long in round trips as one `HGETALL` on a connection of
+/// its own; a first execution two scripts. Counted by a link in front of the server.
+#[tokio::test]
+async fn a_replay_takes_one_round_trip() {
+    let Some(url) = conformance::server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let target = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection_info()
+        .addr
+        .clone();
+    let redis::ConnectionAddr::Tcp(_, port) = target else {
+        panic!("the test server is on TCP")
+    };
+    let link = idem_testkit::harness::link::Link::to(port).await;
+    let through = format!("redis://127.0.0.1:{}/0", link.port());
+    let store = RedisStore::connect(&through).await.expect("connect through the link");
+    let reading = redis::Client::open(through).unwrap();
+    let reader = reading.get_multiplexed_async_connection().await.unwrap();
+    let read = || {
+        let mut reader = reader.clone();
+        async move {
+            let _: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg("idem:{1:b:k}")
+                .query_async(&mut reader)
+                .await
+                .unwrap();
+        }
+    };
+    conformance::round_trips::a_replay_takes_one_round_trip(Arc::new(store), || link.round_trips(), read).await;
+}
