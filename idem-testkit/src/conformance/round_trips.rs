@@ -19,9 +19,11 @@ const WARM_UP: usize = 8;
 /// Once a store has met duplicates, a replay costs the round trips of `read` (one
 /// statement reading a row by its key on the store's own pool or connection, with
 /// whatever the pool adds to a statement, such as sqlx's ping when a connection goes
-/// back), and a first execution twice that. `store` talks to its server only over
-/// connections whose round trips `round_trips` counts (a pool of one connection
-/// through a [`Link`](crate::harness::link::Link)).
+/// back), and a first execution twice that; so does a claim of a running call from a
+/// caller whose clock runs five minutes ahead (`store` judges leases by its server's
+/// clock, so what it read is judged at the server's instant, and stands). `store`
+/// talks to its server only over connections whose round trips `round_trips` counts
+/// (a pool of one connection through a [`Link`](crate::harness::link::Link)).
 pub async fn a_replay_takes_one_round_trip<R, F>(store: Store, round_trips: impl Fn() -> u64, read: R)
 where
     R: Fn() -> F,
@@ -34,7 +36,8 @@ where
     let one = counted(before);
     assert!(one >= 1, "a read went past the counted connections");
 
-    let op = Idempotent::new(unique("round-trips")).store(store);
+    let biz = unique("round-trips");
+    let op = Idempotent::new(biz.clone()).store(store.clone());
     let call = |key: &'static str| op.execute(key, async { Ok::<_, Error>(7_u32) });
     // The first call also checks the table, and the duplicates teach the store.
     for _ in 0..=WARM_UP {
@@ -52,6 +55,22 @@ where
         first,
         2 * one,
         "a first execution took {first} round trips, one statement {one}"
+    );
+
+    let now = idem::store::now();
+    let claim = |at| Claim::new(&biz, "running", at, Duration::from_secs(30), Duration::from_secs(3600));
+    let granted = store.claim(&claim(now)).await.expect("the claim is answered");
+    assert!(matches!(granted, ClaimOutcome::Acquired(_)), "{granted:?}");
+    let before = round_trips();
+    let ahead = store.claim(&claim(now + Duration::from_secs(300))).await;
+    let counted = counted(before);
+    assert!(
+        matches!(&ahead, Ok(ClaimOutcome::Existing(record)) if record.status == Status::Processing),
+        "the running call was not answered to a caller ahead: {ahead:?}"
+    );
+    assert_eq!(
+        counted, one,
+        "a claim of a running call took {counted} round trips, one statement {one}"
     );
 }
 
