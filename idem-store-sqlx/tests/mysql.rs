@@ -150,38 +150,14 @@ async fn keys_are_exact() {
     }
 }
 
-/// A store whose one connection goes through a link that counts round trips.
-async fn through_link() -> Option<(MySqlStore, idem_testkit::harness::link::Link)> {
-    use idem::sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-    let url = conformance::server_url("IDEM_TEST_MYSQL_URL", "MySQL/MariaDB")?;
-    let options: MySqlConnectOptions = url.parse().expect("the test URL parses");
-    let link = idem_testkit::harness::link::Link::to(options.get_port()).await;
-    let pool = MySqlPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.port(link.port()))
-        .await
-        .expect("connect to MariaDB through the link");
-    let store = MySqlStore::new(pool);
-    store.migrate().await.expect("migrate");
-    Some((store, link))
-}
-
-#[tokio::test]
-async fn a_replay_takes_one_round_trip() {
-    let Some((store, link)) = through_link().await else {
-        return;
-    };
-    let pool = store.pool().clone();
-    let read = || async {
-        idem::sqlx::query("SELECT * FROM idempotent_record WHERE biz_type = ? AND idempotent_key = ?")
-            .bind("b")
-            .bind("k")
-            .fetch_optional(&pool)
-            .await
-            .expect("read a row by its key");
-    };
-    conformance::round_trips::a_replay_takes_one_round_trip(Arc::new(store), || link.round_trips(), read).await;
-}
+idem_testkit::sql_round_trip_test!(
+    MySqlStore,
+    idem::sqlx::mysql::MySqlConnectOptions,
+    idem::sqlx::mysql::MySqlPoolOptions,
+    "IDEM_TEST_MYSQL_URL",
+    "MySQL/MariaDB",
+    "SELECT * FROM idempotent_record WHERE biz_type = ? AND idempotent_key = ?"
+);
 
 /// A replay's claim statement reads what it met, judged as a read's would be.
 #[tokio::test]

@@ -227,38 +227,14 @@ async fn a_listener_that_lost_its_connection_costs_a_read_not_an_answer() {
     conformance::notices::a_lost_notice_costs_a_read(Arc::new(holding), Arc::new(waiting), cut, mend).await;
 }
 
-/// A store whose one connection goes through a link that counts round trips.
-async fn through_link() -> Option<(PostgresStore, idem_testkit::harness::link::Link)> {
-    use idem::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    let url = conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
-    let options: PgConnectOptions = url.parse().expect("the test URL parses");
-    let link = idem_testkit::harness::link::Link::to(options.get_port()).await;
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.port(link.port()))
-        .await
-        .expect("connect to PostgreSQL through the link");
-    let store = PostgresStore::new(pool);
-    store.migrate().await.expect("migrate");
-    Some((store, link))
-}
-
-#[tokio::test]
-async fn a_replay_takes_one_round_trip() {
-    let Some((store, link)) = through_link().await else {
-        return;
-    };
-    let pool = store.pool().clone();
-    let read = || async {
-        idem::sqlx::query("SELECT * FROM idempotent_record WHERE biz_type = $1 AND idempotent_key = $2")
-            .bind("b")
-            .bind("k")
-            .fetch_optional(&pool)
-            .await
-            .expect("read a row by its key");
-    };
-    conformance::round_trips::a_replay_takes_one_round_trip(Arc::new(store), || link.round_trips(), read).await;
-}
+idem_testkit::sql_round_trip_test!(
+    PostgresStore,
+    idem::sqlx::postgres::PgConnectOptions,
+    idem::sqlx::postgres::PgPoolOptions,
+    "IDEM_TEST_POSTGRES_URL",
+    "PostgreSQL",
+    "SELECT * FROM idempotent_record WHERE biz_type = $1 AND idempotent_key = $2"
+);
 
 /// A replay's claim statement reads what it met, judged as a read's would be.
 #[tokio::test]

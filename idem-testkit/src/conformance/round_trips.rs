@@ -139,3 +139,40 @@ pub async fn the_insert_that_reads_judges_what_it_read<L, LF, E, EF>(
         "an expired record is claimed anew at a higher fence"
     );
 }
+
+/// Generate `a_replay_takes_one_round_trip` for the SQL store `$store` (made with
+/// `<$store>::new(pool)`) on the server at the URL in `$var` (`$backend` names it when
+/// the variable is unset): its pool of one connection (`$pool` options, `$options`
+/// connect options, whose port a [`Link`](crate::harness::link::Link) takes over)
+/// counts round trips, and `$read` — a `SELECT` binding a biz and a key — is the
+/// statement a replay is held to. Needs feature `harness`.
+#[macro_export]
+macro_rules! sql_round_trip_test {
+    ($store:ty, $options:ty, $pool:ty, $var:literal, $backend:literal, $read:literal) => {
+        #[tokio::test]
+        async fn a_replay_takes_one_round_trip() {
+            let Some(url) = $crate::conformance::server_url($var, $backend) else {
+                return;
+            };
+            let options: $options = url.parse().expect("the test URL parses");
+            let link = $crate::harness::link::Link::to(options.get_port()).await;
+            let pool = <$pool>::new()
+                .max_connections(1)
+                .connect_with(options.port(link.port()))
+                .await
+                .expect("connect through the link");
+            let store = <$store>::new(pool.clone());
+            store.migrate().await.expect("migrate");
+            let read = || async {
+                idem::sqlx::query($read)
+                    .bind("b")
+                    .bind("k")
+                    .fetch_optional(&pool)
+                    .await
+                    .expect("read a row by its key");
+            };
+            let store = std::sync::Arc::new(store);
+            $crate::conformance::round_trips::a_replay_takes_one_round_trip(store, || link.round_trips(), read).await;
+        }
+    };
+}
