@@ -8,6 +8,7 @@
 //! cargo run --release -p idem-lab --bin bench -- --http-only           # just the HTTP layer's
 //! cargo run --release -p idem-lab --bin bench -- --seal-only           # just what sealing costs
 //! cargo run --release -p idem-lab --bin bench -- --latency-only        # just the first table
+//! cargo run --release -p idem-lab --bin bench -- --latency-only --memory-only  # … of MemoryStore alone
 //! cargo run --release -p idem-lab --bin bench -- --storm-only          # just the storms
 //! cargo run --release -p idem-lab --bin bench -- --replay-only         # a replay against a read by key
 //! cargo run --release -p idem-lab --bin bench -- --powertools-side     # idem on Redis, as the Powertools script measures
@@ -636,7 +637,10 @@ async fn main() {
         storm::child(&args[at + 1..]).await;
         return;
     }
-    let backends = backends().await;
+    let mut backends = backends().await;
+    if args.iter().any(|a| a == "--memory-only") {
+        backends.truncate(1);
+    }
     println!("idem bench: {calls} calls a row, one run, release build; µs per call\n");
     if args.iter().any(|a| a == "--transactional-only") {
         transactional::report(&backends, calls).await;
