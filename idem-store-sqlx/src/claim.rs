@@ -132,12 +132,13 @@ pub(crate) async fn claim_or_read<S: ClaimSite>(
     // statement's.
     let inserts_first = site.inserts_first();
     for round in 0..CLAIM_ATTEMPTS + usize::from(inserts_first) {
+        // Each claim counts once, at its first look: a read first counted already.
         let first_look = round == 0 && !reads_first;
         let (stood, judged_at) = if inserts_first && round == 0 {
             // The insert judges nothing: a record it met (and read) is judged by the
             // instant of that read.
             let inserted = site.insert(claim).await;
-            if let Ok(inserted) = &inserted {
+            if let (true, Ok(inserted)) = (first_look, &inserted) {
                 site.observe(!matches!(inserted, Inserted::Granted(_)));
             }
             match inserted {
@@ -240,6 +241,10 @@ mod tests {
         /// The site's statements judge by the server's clock, which reads at this
         /// instant (`None`: the caller's clock).
         server_reads_at: Option<SystemTime>,
+        /// The site reads first, then inserts, granting this lease.
+        reads_then_inserts: Option<Lease>,
+        /// What the site was told each claim's first look met.
+        observed: std::sync::Mutex<Vec<bool>>,
     }
 
     fn scripted<U, R>(upserted: U, stands: R) -> Scripted<U, R>
@@ -252,6 +257,8 @@ mod tests {
             upserted,
             stands,
             server_reads_at: None,
+            reads_then_inserts: None,
+            observed: std::sync::Mutex::default(),
         }
     }
 
@@ -267,6 +274,22 @@ mod tests {
 
         fn on_server_clock(&self) -> bool {
             self.server_reads_at.is_some()
+        }
+
+        fn reads_first(&self) -> bool {
+            self.reads_then_inserts.is_some()
+        }
+
+        fn inserts_first(&self) -> bool {
+            self.reads_then_inserts.is_some()
+        }
+
+        async fn insert(&mut self, _claim: &Claim<'_>) -> Result<Inserted, StoreError> {
+            Ok(Inserted::Granted(self.reads_then_inserts.clone().expect("a site that inserts")))
+        }
+
+        fn observe(&self, met: bool) {
+            self.observed.lock().unwrap().push(met);
         }
 
         async fn read(&mut self, _claim: &Claim<'_>) -> Result<(Option<Record>, Option<SystemTime>), StoreError> {
@@ -345,5 +368,19 @@ mod tests {
         let outcome = claim_or_read(&ahead, &mut reading, RolledBack::LostRace).await.unwrap();
         assert_eq!(outcome, ClaimOutcome::Existing(running));
         assert_eq!(reading.rounds, 1);
+    }
+
+    /// A site that reads first and then inserts (MySQL, a Galera node, while claims
+    /// often meet records) counts a claim once: the insert that follows the read is
+    /// not a second look.
+    #[tokio::test]
+    async fn a_claim_is_counted_once() {
+        let claim = claim_at(idem_runtime::now());
+        let lease = Lease::of(&claim.granted(None));
+        let mut site = scripted(|_| Upserted::Refused(None), || None);
+        site.reads_then_inserts = Some(lease.clone());
+        let outcome = claim_or_read(&claim, &mut site, RolledBack::LostRace).await.unwrap();
+        assert_eq!(outcome, ClaimOutcome::Acquired(lease));
+        assert_eq!(*site.observed.lock().unwrap(), [false], "the read found no record; counted once");
     }
 }
