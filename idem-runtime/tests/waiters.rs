@@ -174,17 +174,19 @@ async fn a_dropped_waiter_leaves_nothing_behind() {
             .wait(Duration::from_secs(30)),
     );
     let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let (running, claimed) = tokio::sync::oneshot::channel();
     let holder = tokio::spawn({
         let op = op.clone();
         async move {
             op.execute("k", async move {
+                running.send(()).unwrap();
                 let _ = finished.await;
                 Ok::<_, Error>("first".to_owned())
             })
             .await
         }
     });
-    until("the holder's claim", || store.claims.load(Ordering::SeqCst) == 1).await;
+    claimed.await.expect("the holder's body runs");
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let op = op.clone();
@@ -218,16 +220,7 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
     // the waiter's reader, which must find it by reading.
     let records = MemoryStore::new();
     let (holding, waiting) = (Counting::on(records.clone()), Counting::on(records));
-    let holder = tokio::spawn(async move {
-        Idempotent::new("deadline-waits")
-            .store(holding)
-            .execute("k", async {
-                tokio::time::sleep(Duration::from_millis(120)).await;
-                Ok::<_, Error>("first".to_owned())
-            })
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    let (holder, _) = hold("deadline-waits", holding, Duration::from_millis(120)).await;
     // The schedule reads at 5, 15, 35 and 75 ms, and next at 155 ms: past the waiter's
     // 150 ms. The read just before its deadline meets the record finished at 120 ms.
     let waited = Idempotent::new("deadline-waits")
@@ -240,9 +233,10 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
 }
 
 /// A holder on one handle of the store (its completion is news to the waiter's reader
-/// only through the store's notices) whose body takes `body`; how it is awaited, and
-/// when the body ended.
-fn hold(
+/// only through the store's notices) whose body takes `body`; it is returned once the
+/// holder's body runs (so its claim stands), with how it is awaited and when the body
+/// ended.
+async fn hold(
     biz: &'static str,
     holding: Arc<Counting>,
     body: Duration,
@@ -251,12 +245,14 @@ fn hold(
     Arc<std::sync::OnceLock<Instant>>,
 ) {
     let ended = Arc::new(std::sync::OnceLock::new());
+    let (running, claimed) = tokio::sync::oneshot::channel();
     let holder = tokio::spawn({
         let ended = ended.clone();
         async move {
             Idempotent::new(biz)
                 .store(holding)
                 .execute("k", async move {
+                    running.send(()).unwrap();
                     tokio::time::sleep(body).await;
                     ended.set(Instant::now()).unwrap();
                     Ok::<_, Error>("first".to_owned())
@@ -264,6 +260,7 @@ fn hold(
                 .await
         }
     });
+    claimed.await.expect("the holder's body runs");
     (holder, ended)
 }
 
@@ -285,8 +282,8 @@ async fn a_notice_wakes_the_waiters_at_once() {
         "noticed-waits",
         Counting::told_by(records, &notices, true),
         Duration::from_millis(1500),
-    );
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    )
+    .await;
     let waited = wait_on("noticed-waits", waiting.clone(), Duration::from_secs(10)).await;
     let answered = Instant::now();
     assert_eq!(waited.expect("the waiter is answered"), "first");
@@ -314,8 +311,8 @@ async fn a_lost_notice_costs_a_read_not_an_answer() {
         "lost-notices",
         Counting::told_by(records, &notices, false),
         Duration::from_millis(1200),
-    );
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    )
+    .await;
     let waiter = tokio::spawn(wait_on("lost-notices", waiting, Duration::from_secs(10)));
     assert_eq!(holder.await.unwrap().unwrap(), "first");
     // What a listener does when its connection dropped: every watched key is read.
@@ -339,8 +336,8 @@ async fn a_notice_never_sent_still_answers_before_the_deadline() {
         "unsent-notices",
         Counting::told_by(records, &notices, false),
         Duration::from_millis(300),
-    );
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    )
+    .await;
     // The reader looks on its own a second after its first look: past this waiter's
     // 700 ms. Its read just before the deadline meets the record finished at 300 ms.
     let waited = wait_on("unsent-notices", waiting, Duration::from_millis(700)).await;

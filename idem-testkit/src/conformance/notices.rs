@@ -19,8 +19,9 @@ use super::unique;
 /// on its own comes about a second after its last.
 const PROMPT: Duration = Duration::from_millis(300);
 
-/// A holder of `(biz, key)` whose body takes `body`: its task, and when the body ended.
-fn hold(
+/// A holder of `(biz, key)` whose body takes `body`, returned once its body runs (so its
+/// claim stands): its task, and when the body ended.
+async fn hold(
     store: Store,
     biz: &'static str,
     key: &str,
@@ -28,16 +29,19 @@ fn hold(
 ) -> (tokio::task::JoinHandle<Result<String, Error>>, Arc<OnceLock<Instant>>) {
     let ended = Arc::new(OnceLock::new());
     let (key, told) = (key.to_owned(), ended.clone());
+    let (running, claimed) = tokio::sync::oneshot::channel();
     let holder = tokio::spawn(async move {
         Idempotent::new(biz)
             .store(store)
             .execute(key, async move {
+                running.send(()).unwrap();
                 tokio::time::sleep(body).await;
                 told.set(Instant::now()).unwrap();
                 Ok::<_, Error>("first".to_owned())
             })
             .await
     });
+    claimed.await.expect("the holder's body runs");
     (holder, ended)
 }
 
@@ -54,8 +58,7 @@ async fn wait_for(store: Store, biz: &'static str, key: String) -> Result<String
 /// body's end, not at its next look on its own.
 pub async fn a_waiter_elsewhere_is_told(holding: Store, waiting: Store) {
     let key = unique("told");
-    let (holder, ended) = hold(holding, "notices.told", &key, Duration::from_millis(1500));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (holder, ended) = hold(holding, "notices.told", &key, Duration::from_millis(1500)).await;
     let waited = wait_for(waiting, "notices.told", key).await;
     let answered = Instant::now();
     assert_eq!(waited.expect("the waiter is answered"), "first");
@@ -78,12 +81,9 @@ pub async fn a_lost_notice_costs_a_read<Cut, Mend>(
     Mend: Future<Output = ()>,
 {
     let key = unique("lost");
+    let (holder, ended) = hold(holding, "notices.lost", &key, Duration::from_millis(1250)).await;
     let started = Instant::now();
-    let (holder, ended) = hold(holding, "notices.lost", &key, Duration::from_millis(1250));
-    let waiter = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        wait_for(waiting, "notices.lost", key).await
-    });
+    let waiter = tokio::spawn(wait_for(waiting, "notices.lost", key));
     // The waiter looks on its own at once and about a second later: cut after that.
     tokio::time::sleep_until((started + Duration::from_millis(1100)).into()).await;
     cut().await;
