@@ -6,12 +6,15 @@
 // `criterion_group!` defines a public fn it cannot document.
 #![allow(missing_docs)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use idem::{CachedStore, Idempotent, MemoryStore};
-use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Bencher, Criterion};
+use idem::{CachedStore, IdempotencyStore, Idempotent, MemoryStore};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::runtime::Runtime;
 
 #[derive(Serialize, Deserialize)]
 struct Receipt {
@@ -26,6 +29,43 @@ async fn bare(n: u64) -> Result<Receipt, idem::Error> {
     })
 }
 
+/// How many records a store holds at most while first executions are timed on it.
+const STORE_RECORDS: u64 = 10_000;
+
+/// Times first executions of `body` on stores `fresh` makes, a new one every
+/// [`STORE_RECORDS`] calls: on one store that kept every key of criterion's millions of
+/// iterations, the map's growth (a rehash of millions of records, pages first touched)
+/// would be timed, not the call.
+fn first_executions<T, Body, Answer>(
+    b: &mut Bencher<'_>,
+    runtime: &Runtime,
+    fresh: impl Fn() -> Arc<dyn IdempotencyStore>,
+    body: Body,
+) where
+    T: Serialize + DeserializeOwned + Send + 'static,
+    Body: Fn(u64) -> Answer,
+    Answer: Future<Output = Result<T, idem::Error>> + Send,
+{
+    b.to_async(runtime).iter_custom(|iters| {
+        let (fresh, body) = (&fresh, &body);
+        async move {
+            let mut timed = Duration::ZERO;
+            let mut done = 0;
+            while done < iters {
+                let op = Idempotent::new("bench").store(fresh());
+                let calls = (iters - done).min(STORE_RECORDS);
+                let started = Instant::now();
+                for n in done..done + calls {
+                    criterion::black_box(op.execute(format!("order-{n}"), body(n)).await.unwrap());
+                }
+                timed += started.elapsed();
+                done += calls;
+            }
+            timed
+        }
+    });
+}
+
 fn overhead(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -35,13 +75,8 @@ fn overhead(c: &mut Criterion) {
 
     group.bench_function("bare fn", |b| b.to_async(&runtime).iter(|| bare(7)));
 
-    let first = Idempotent::new("bench").store(Arc::new(MemoryStore::new()));
-    let next = AtomicU64::new(0);
     group.bench_function("first execution, MemoryStore", |b| {
-        b.to_async(&runtime).iter(|| {
-            let n = next.fetch_add(1, Ordering::Relaxed);
-            first.execute(format!("order-{n}"), bare(n))
-        })
+        first_executions(b, &runtime, || Arc::new(MemoryStore::new()), bare)
     });
 
     let replay = Idempotent::new("bench").store(Arc::new(MemoryStore::new()));
@@ -92,16 +127,11 @@ fn metrics_cost(c: &mut Criterion) {
         ("no recorder", None),
         ("a discarding recorder", Some(&discarding as &dyn metrics::Recorder)),
     ] {
-        let first = Idempotent::new("bench").store(Arc::new(MemoryStore::new()));
-        let next = AtomicU64::new(0);
         let replay = Idempotent::new("bench").store(Arc::new(MemoryStore::new()));
         runtime.block_on(replay.execute("hot", bare(1))).unwrap();
         let mut run = || {
             group.bench_function(format!("first execution, {label}"), |b| {
-                b.to_async(&runtime).iter(|| {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    first.execute(format!("order-{n}"), bare(n))
-                })
+                first_executions(b, &runtime, || Arc::new(MemoryStore::new()), bare)
             });
             group.bench_function(format!("replay, {label}"), |b| {
                 b.to_async(&runtime).iter(|| replay.execute("hot", bare(2)))
@@ -114,6 +144,9 @@ fn metrics_cost(c: &mut Criterion) {
     }
     group.finish();
 }
+
+/// Makes a fresh store.
+type Fresh<'a> = dyn Fn() -> Arc<dyn IdempotencyStore> + 'a;
 
 /// A 1 KiB answer, whose body does nothing else.
 async fn kibibyte(n: u64) -> Result<String, idem::Error> {
@@ -130,22 +163,17 @@ fn seal_cost(c: &mut Criterion) {
         .unwrap();
     let mut group = c.benchmark_group("seal, 1 KiB answer");
     let ring = StaticKeyRing::new(SealKey::new("k1", [7; 32]).unwrap(), []);
-    let stores: [(&str, Arc<dyn idem::IdempotencyStore>); 2] = [
-        ("MemoryStore", Arc::new(MemoryStore::new())),
-        (
-            "SealedStore over MemoryStore",
-            Arc::new(SealedStore::new(Arc::new(MemoryStore::new()), ring)),
-        ),
+    let sealed =
+        || -> Arc<dyn IdempotencyStore> { Arc::new(SealedStore::new(Arc::new(MemoryStore::new()), ring.clone())) };
+    let stores: [(&str, &Fresh<'_>); 2] = [
+        ("MemoryStore", &|| Arc::new(MemoryStore::new())),
+        ("SealedStore over MemoryStore", &sealed),
     ];
-    for (label, store) in stores {
-        let op = Idempotent::new("bench").store(store);
-        let next = AtomicU64::new(0);
+    for (label, fresh) in stores {
         group.bench_function(format!("first execution, {label}"), |b| {
-            b.to_async(&runtime).iter(|| {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                op.execute(format!("order-{n}"), kibibyte(n))
-            })
+            first_executions(b, &runtime, fresh, kibibyte)
         });
+        let op = Idempotent::new("bench").store(fresh());
         runtime.block_on(op.execute("hot", kibibyte(1))).unwrap();
         group.bench_function(format!("replay, {label}"), |b| {
             b.to_async(&runtime).iter(|| op.execute("hot", kibibyte(2)))

@@ -18,16 +18,22 @@ tokio::task_local! {
 ///
 /// Side effects (an SMS, points, a message to a queue) reuse it so that they are
 /// idempotent on the same key: pass [`Context::effect_key`] to the downstream service.
+///
+/// Cloning it is cheap: a clone is another handle on the same running call.
 #[derive(Debug, Clone)]
 pub struct Context {
-    biz: Arc<str>,
-    key: Arc<str>,
-    fence: u64,
+    running: Arc<Running>,
+}
+
+/// The claim a body runs under, shared by its context, its heartbeat and its steps.
+#[derive(Debug)]
+struct Running {
+    lease: Lease,
     /// `created_at` of the record's life, in microseconds since the epoch.
     life: u64,
-    lease: Arc<LeaseSignal>,
+    signal: LeaseSignal,
     /// Where [`step`](crate::step) records; none in a transactional call.
-    steps: Option<Arc<StepLog>>,
+    steps: Option<StepLog>,
 }
 
 /// Set by the heartbeat when a renewal finds the claim taken over.
@@ -49,43 +55,63 @@ impl LeaseSignal {
 }
 
 impl Context {
-    pub(crate) fn new(lease: &Lease, signal: Arc<LeaseSignal>, steps: Option<Arc<StepLog>>) -> Self {
+    /// The context of a body running under `lease`, recording its steps in `steps`.
+    pub(crate) fn new(lease: Lease, steps: Option<StepLog>) -> Self {
         let life = lease
             .created_at
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_micros();
         Self {
-            biz: lease.biz.as_str().into(),
-            key: lease.key.as_str().into(),
-            fence: lease.fence,
-            life: u64::try_from(life).unwrap_or(u64::MAX),
-            lease: signal,
-            steps,
+            running: Arc::new(Running {
+                life: u64::try_from(life).unwrap_or(u64::MAX),
+                lease,
+                signal: LeaseSignal::default(),
+                steps,
+            }),
+        }
+    }
+
+    /// The lease the body runs under.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.running.lease
+    }
+
+    /// What the heartbeat sets when the lease is lost.
+    pub(crate) fn signal(&self) -> &LeaseSignal {
+        &self.running.signal
+    }
+
+    /// The lease, once the body is done with its context (a clone, if something kept
+    /// one of its handles).
+    pub(crate) fn into_lease(self) -> Lease {
+        match Arc::try_unwrap(self.running) {
+            Ok(running) => running.lease,
+            Err(running) => running.lease.clone(),
         }
     }
 
     /// Business namespace of the call.
     pub fn biz(&self) -> &str {
-        &self.biz
+        &self.running.lease.biz
     }
 
     /// Idempotency key of the call.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.running.lease.key
     }
 
     /// Fence number of the claim this body runs under: it grows with every claim of
     /// the key, takeovers included, so a downstream service that remembers the highest
     /// fence it saw can refuse a write from a holder that was taken over.
     pub fn fence(&self) -> u64 {
-        self.fence
+        self.running.lease.fence
     }
 
     /// When this life of the record began. A record that expired (or was purged) and is
     /// claimed again starts a new life; a takeover continues the old one.
     pub fn life_started(&self) -> SystemTime {
-        UNIX_EPOCH + std::time::Duration::from_micros(self.life)
+        UNIX_EPOCH + std::time::Duration::from_micros(self.running.life)
     }
 
     /// A key for one side effect of this call, `"{biz}:{key}:{life}:{effect}"`: the same
@@ -93,7 +119,7 @@ impl Context {
     /// service deduplicates it; different in the key's next life (after its TTL), so a
     /// legitimate new request's effect is not swallowed.
     pub fn effect_key(&self, effect: &str) -> String {
-        format!("{}:{}:{}:{effect}", self.biz, self.key, self.life)
+        format!("{}:{}:{}:{effect}", self.biz(), self.key(), self.running.life)
     }
 
     /// A key for this life of the record as a whole, `"{biz}:{key}:{life}"`: what a
@@ -101,7 +127,7 @@ impl Context {
     /// `on_takeover = reconcile(..)` is asked about). Like [`effect_key`](Self::effect_key),
     /// the same on every retry and takeover within one life.
     pub fn life_key(&self) -> String {
-        format!("{}:{}:{}", self.biz, self.key, self.life)
+        format!("{}:{}:{}", self.biz(), self.key(), self.running.life)
     }
 
     /// Whether this call still holds its claim, as far as the heartbeat knows: false once
@@ -111,7 +137,7 @@ impl Context {
     ///
     /// [`Error::LeaseLost`]: crate::Error::LeaseLost
     pub fn lease_held(&self) -> bool {
-        !self.lease.is_lost()
+        !self.running.signal.is_lost()
     }
 
     /// Resolves when the heartbeat finds this call's claim taken over; never, while it
@@ -126,16 +152,17 @@ impl Context {
     /// ```
     pub async fn lease_lost(&self) {
         loop {
-            let notified = self.lease.notify.notified();
-            if self.lease.is_lost() {
+            let notified = self.running.signal.notify.notified();
+            if self.running.signal.is_lost() {
                 return;
             }
             notified.await;
         }
     }
 
-    pub(crate) fn steps(&self) -> Option<Arc<StepLog>> {
-        self.steps.clone()
+    /// The call's step log, where it has one.
+    pub(crate) fn step_log(&self) -> Option<&StepLog> {
+        self.running.steps.as_ref()
     }
 
     pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {
@@ -153,6 +180,6 @@ pub fn context() -> Option<Context> {
 /// from inside it would wait on itself.
 pub(crate) fn inside(biz: &str, key: &str) -> bool {
     CURRENT
-        .try_with(|current| &*current.biz == biz && &*current.key == key)
+        .try_with(|current| current.biz() == biz && current.key() == key)
         .unwrap_or(false)
 }

@@ -131,18 +131,24 @@ impl IdempotencyStore for MemoryStore {
         let mut guard = self.lock();
         guard.sweep_if_due(claim.now);
         let shelves = &mut guard.shelves;
-        let existing = shelves.get(claim.biz).and_then(|shelf| shelf.get(claim.key));
-        if let Some(record) = existing.filter(|record| !claim.admits(record)) {
-            return Ok(ClaimOutcome::Existing(record.clone()));
-        }
-        let granted = claim.granted(existing);
-        let lease = Lease::of(&granted);
         let shelf = match shelves.get_mut(claim.biz) {
             Some(shelf) => shelf,
             None => shelves.entry(claim.biz.to_owned()).or_default(),
         };
-        shelf.insert(claim.key.to_owned(), granted);
-        Ok(ClaimOutcome::Acquired(lease))
+        let granted = match shelf.get_mut(claim.key) {
+            Some(record) if !claim.admits(record) => return Ok(ClaimOutcome::Existing(record.clone())),
+            Some(record) => {
+                *record = claim.granted(Some(record));
+                Lease::of(record)
+            }
+            None => {
+                let granted = claim.granted(None);
+                let lease = Lease::of(&granted);
+                shelf.insert(claim.key.to_owned(), granted);
+                lease
+            }
+        };
+        Ok(ClaimOutcome::Acquired(granted))
     }
 
     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {

@@ -36,11 +36,11 @@ use crate::unknown::{Entry, Intent, Lookup, BODY, UNRECORDABLE};
 const RECORD_ATTEMPTS: u32 = 3;
 const RECORD_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The steps of one running call.
+/// Where the steps of one running call are kept: the call's store, and what this call
+/// has read and written of them.
 #[derive(Debug)]
 pub(crate) struct StepLog {
     store: Arc<dyn IdempotencyStore>,
-    lease: Lease,
     /// The lease's length as the holder counts it: how long a lookup is retried.
     lease_for: Duration,
     /// Every step must declare what to do when its outcome is unknown.
@@ -59,15 +59,9 @@ struct StepState {
 }
 
 impl StepLog {
-    pub(crate) fn new(
-        store: Arc<dyn IdempotencyStore>,
-        lease: Lease,
-        lease_for: Duration,
-        policy_required: bool,
-    ) -> Self {
+    pub(crate) fn new(store: Arc<dyn IdempotencyStore>, lease_for: Duration, policy_required: bool) -> Self {
         Self {
             store,
-            lease,
             lease_for,
             policy_required,
             state: Mutex::default(),
@@ -79,10 +73,29 @@ impl StepLog {
     pub(crate) async fn unknown(&self) -> Option<Intent> {
         self.state.lock().await.unknown.clone()
     }
+}
+
+/// The steps of the call whose body runs on this task: its context, which has a step
+/// log.
+#[derive(Debug)]
+struct Steps {
+    context: Context,
+}
+
+impl Steps {
+    fn lease(&self) -> &Lease {
+        self.context.lease()
+    }
+
+    fn log(&self) -> &StepLog {
+        self.context
+            .step_log()
+            .expect("steps are made only of a context with a step log")
+    }
 
     /// The error `make` builds from the call's biz and key.
     fn about(&self, make: impl FnOnce(String, String) -> Error) -> Error {
-        make(self.lease.biz.clone(), self.lease.key.clone())
+        make(self.lease().biz.clone(), self.lease().key.clone())
     }
 
     fn error(&self, operation: &'static str, source: StoreError) -> Error {
@@ -95,7 +108,7 @@ impl StepLog {
     }
 
     fn lost(&self) -> Error {
-        let fence = self.lease.fence;
+        let fence = self.lease().fence;
         self.about(|biz, key| Error::LeaseLost {
             biz,
             key,
@@ -112,7 +125,8 @@ impl StepLog {
                 "an earlier attempt of biz `{}` key `{}` ran it, but its value could not be recorded ({reason}); \
                  it is not run again. Make the step's value one JSON can carry, and settle this record by hand \
                  (`idem show`, then `idem release` once the effect is reconciled)",
-                self.lease.biz, self.lease.key
+                self.lease().biz,
+                self.lease().key
             ),
         }
     }
@@ -136,7 +150,7 @@ impl StepLog {
 
     /// Take `name` for this call and say what an earlier attempt recorded for it.
     async fn begin(&self, name: &str, body: bool) -> Result<Option<Entry>, Error> {
-        let mut state = self.state.lock().await;
+        let mut state = self.log().state.lock().await;
         if name == BODY && !body {
             return Err(Error::InvalidStep {
                 step: String::new(),
@@ -149,7 +163,8 @@ impl StepLog {
                 reason: format!(
                     "biz `{}` key `{}` already ran a step of that name in this call; step names are unique \
                      within a call (a repeated name would replay the first step's value)",
-                    self.lease.biz, self.lease.key
+                    self.lease().biz,
+                    self.lease().key
                 ),
             });
         }
@@ -166,12 +181,15 @@ impl StepLog {
     /// The steps recorded in this life of the record, if this call still holds it.
     async fn read(&self) -> Result<BTreeMap<String, String>, Error> {
         let record = self
+            .log()
             .store
-            .get(&self.lease.biz, &self.lease.key)
+            .get(&self.lease().biz, &self.lease().key)
             .await
             .map_err(|e| self.error("get", e))?;
         match record {
-            Some(record) if self.lease.holds(&record) => record.steps_map().map_err(|source| self.undecodable(source)),
+            Some(record) if self.lease().holds(&record) => {
+                record.steps_map().map_err(|source| self.undecodable(source))
+            }
             _ => Err(self.lost()),
         }
     }
@@ -198,15 +216,15 @@ impl StepLog {
             // Not recorded: the intent stays, and the next attempt decides again.
             return error;
         }
-        let error = unknown_error(&self.lease, &intent);
-        observe::outcome_unknown(&self.lease.biz, &intent.step, &intent.effect_key);
-        self.state.lock().await.unknown = Some(intent);
+        let error = unknown_error(self.lease(), &intent);
+        observe::outcome_unknown(&self.lease().biz, &intent.step, &intent.effect_key);
+        self.log().state.lock().await.unknown = Some(intent);
         error
     }
 
     /// Write step `name`'s entry (`None`: remove it) into the recorded steps.
     async fn write(&self, name: &str, entry: Option<String>) -> Result<(), Error> {
-        let mut state = self.state.lock().await;
+        let mut state = self.log().state.lock().await;
         let mut steps = state.recorded.clone().unwrap_or_default();
         match entry {
             Some(value) => steps.insert(name.to_owned(), value),
@@ -215,7 +233,7 @@ impl StepLog {
         let json = serde_json::to_string(&steps).map_err(|e| self.unencodable("steps", e))?;
         let mut attempt = 1;
         loop {
-            match self.store.record_steps(&self.lease, &json).await {
+            match self.log().store.record_steps(self.lease(), &json).await {
                 Ok(FenceCheck::Held) => {
                     state.recorded = Some(steps);
                     return Ok(());
@@ -231,7 +249,6 @@ impl StepLog {
         }
     }
 }
-
 /// Run `effect` once per life of the current call's record, as the step `name`.
 ///
 /// Inside an idempotent body, an effect outside the store (a card charge, an SMS, a
@@ -441,16 +458,17 @@ where
     where
         F: Future<Output = Result<T, E>>,
     {
-        let (context, log) = log_of(self.name)?;
+        let log = log_of(self.name)?;
+        let context = &log.context;
         let name = self.name;
         let declared = !matches!(self.on_unknown, OnUnknown::Rerun);
-        if log.policy_required && !declared && !self.body {
+        if log.log().policy_required && !declared && !self.body {
             return Err(Error::InvalidStep {
                 step: name.to_owned(),
                 reason: format!(
                     "biz `{}` requires every step to say what to do when its outcome is unknown, and this one \
                      says nothing: use `Step::new(\"{name}\").reconcile(lookup)` or `.fail_closed()`",
-                    log.lease.biz
+                    log.lease().biz
                 ),
             }
             .into());
@@ -465,7 +483,7 @@ where
             Some(Entry::Unknown(intent)) => return Err(log.fail_closed(intent).await.into()),
             Some(Entry::Intended(intent)) => {
                 attempt = intent.attempt + 1;
-                if let Some(value) = self.settle(&log, &context, intent).await? {
+                if let Some(value) = self.settle(&log, intent).await? {
                     return Ok(value);
                 }
             }
@@ -489,7 +507,7 @@ where
             Err(error) if declared && (self.ambiguous)(&error) => {
                 tracing::warn!(target: "idem", biz = %context.biz(), key = %crate::observe::shown_key(context.key()), step = name,
                     "the step's effect returned an error that leaves its outcome unknown; reconciling");
-                return match self.settle(&log, &context, intent).await? {
+                return match self.settle(&log, intent).await? {
                     Some(value) => Ok(value),
                     // It did not happen: the intent is taken back with the error.
                     None => {
@@ -524,35 +542,35 @@ where
 
     /// `intent`'s effect may have happened: the value it had, recorded (`Some`), or
     /// `None` when the effect is to run (again) — or the error that fails closed.
-    async fn settle(&self, log: &StepLog, context: &Context, intent: Intent) -> Result<Option<T>, Error> {
+    async fn settle(&self, log: &Steps, intent: Intent) -> Result<Option<T>, Error> {
         let lookup = match &self.on_unknown {
             OnUnknown::Rerun => return Ok(None),
             OnUnknown::FailClosed => return Err(log.fail_closed(intent).await),
             OnUnknown::Reconcile(lookup) => lookup,
         };
-        let deadline = std::time::Instant::now() + log.lease_for;
+        let deadline = std::time::Instant::now() + log.log().lease_for;
         let mut pause = LOOKUP_FIRST_PAUSE;
         loop {
             // Never beside a live holder: only while this call holds the key.
-            if !context.lease_held() {
+            if !log.context.lease_held() {
                 return Err(log.lost());
             }
             let why = match lookup(intent.clone()).await {
                 Ok(Lookup::Done(value)) => {
                     let json = encode(&value).map_err(|error| log.unencodable("step value", error))?;
                     log.finish(&intent.step, json).await?;
-                    observe::reconciled(&log.lease.biz, "done");
+                    observe::reconciled(&log.lease().biz, "done");
                     return Ok(Some(value));
                 }
                 Ok(Lookup::NotDone) => {
-                    observe::reconciled(&log.lease.biz, "not_done");
+                    observe::reconciled(&log.lease().biz, "not_done");
                     return Ok(None);
                 }
                 Ok(Lookup::CannotTell) => None,
                 Err(error) => Some(error),
             };
             let Some(error) = why.filter(|_| std::time::Instant::now() + pause <= deadline) else {
-                tracing::warn!(target: "idem", biz = %log.lease.biz, key = %crate::observe::shown_key(&log.lease.key), step = %intent.step,
+                tracing::warn!(target: "idem", biz = %log.lease().biz, key = %crate::observe::shown_key(&log.lease().key), step = %intent.step,
                     "could not reconcile the step's effect; failing closed");
                 return Err(log.fail_closed(intent).await);
             };
@@ -578,9 +596,8 @@ pub(crate) fn unknown_error(lease: &Lease, intent: &Intent) -> Error {
     }
 }
 
-/// The context and step log of the call whose body runs on this task, or why `name`
-/// cannot run.
-fn log_of(name: &str) -> Result<(crate::context::Context, Arc<StepLog>), Error> {
+/// The steps of the call whose body runs on this task, or why `name` cannot run.
+fn log_of(name: &str) -> Result<Steps, Error> {
     let invalid = |reason| Error::InvalidStep {
         step: name.to_owned(),
         reason,
@@ -588,13 +605,13 @@ fn log_of(name: &str) -> Result<(crate::context::Context, Arc<StepLog>), Error> 
     let context = context().ok_or_else(|| {
         invalid("it was called outside an idempotent body: there is no record to keep it in".to_owned())
     })?;
-    let log = context.steps().ok_or_else(|| {
-        invalid(format!(
+    if context.step_log().is_none() {
+        return Err(invalid(format!(
             "biz `{}` key `{}` runs in a transaction, which a step's record would roll back with; \
              pass `Context::effect_key(\"{name}\")` to the service instead",
             context.biz(),
             context.key()
-        ))
-    })?;
-    Ok((context, log))
+        )));
+    }
+    Ok(Steps { context })
 }

@@ -1,6 +1,8 @@
 //! The store trait every backend implements.
 
 use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -143,38 +145,96 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     }
 }
 
+/// The boxed future of a store method, as `async_trait` declares it.
+type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+// The calls a running call makes hand on the inner store's future as it is: an
+// `async fn` here would box a second future around it on every call.
 #[async_trait]
 impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
-    async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        (**self).claim(claim).await
+    fn claim<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        claim: &'life1 Claim<'life2>,
+    ) -> StoreFuture<'async_trait, ClaimOutcome>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).claim(claim)
     }
 
-    async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
-        (**self).renew(lease, now, lease_for).await
+    fn renew<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+        now: SystemTime,
+        lease_for: Duration,
+    ) -> StoreFuture<'async_trait, FenceCheck>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).renew(lease, now, lease_for)
     }
 
-    async fn complete(
-        &self,
-        lease: &Lease,
-        response: &str,
+    fn complete<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+        response: &'life2 str,
         now: SystemTime,
         ttl: Duration,
-    ) -> Result<FenceCheck, StoreError> {
-        (**self).complete(lease, response, now, ttl).await
+    ) -> StoreFuture<'async_trait, FenceCheck>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).complete(lease, response, now, ttl)
     }
 
-    async fn fail(
-        &self,
-        lease: &Lease,
-        message: &str,
+    fn fail<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+        message: &'life2 str,
         now: SystemTime,
         ttl: Duration,
-    ) -> Result<FenceCheck, StoreError> {
-        (**self).fail(lease, message, now, ttl).await
+    ) -> StoreFuture<'async_trait, FenceCheck>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).fail(lease, message, now, ttl)
     }
 
-    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        (**self).release(lease).await
+    fn release<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        lease: &'life1 Lease,
+    ) -> StoreFuture<'async_trait, FenceCheck>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).release(lease)
+    }
+
+    fn get<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        biz: &'life1 str,
+        key: &'life2 str,
+    ) -> StoreFuture<'async_trait, Option<Record>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).get(biz, key)
     }
 
     async fn record_steps(&self, lease: &Lease, steps: &str) -> Result<FenceCheck, StoreError> {
@@ -201,10 +261,6 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
         (**self).instance()
     }
 
-    async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        (**self).get(biz, key).await
-    }
-
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
         (**self).purge_expired(now, limit).await
     }
@@ -220,7 +276,7 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for Arc<S> {
 /// dropped meanwhile (a client disconnect, a `timeout`): the write then goes on in a
 /// task of its own, which needs a store it owns. Every `Clone` store is one — the SQL
 /// stores are handles on a pool, `MemoryStore` and `CachedStore` share their state —
-/// and so is `Arc<dyn IdempotencyStore>`. The handle is only made on that rare path.
+/// and so is `Arc<dyn IdempotencyStore>`, whose handle is a clone of itself.
 pub trait OwnedStore: IdempotencyStore {
     /// An owned handle on the same records.
     fn to_owned_store(&self) -> Arc<dyn IdempotencyStore>;
@@ -228,6 +284,10 @@ pub trait OwnedStore: IdempotencyStore {
 
 impl<S: IdempotencyStore + Clone> OwnedStore for S {
     fn to_owned_store(&self) -> Arc<dyn IdempotencyStore> {
+        // A shared handle is owned already: a clone of it, not an `Arc` around it.
+        if let Some(shared) = (self as &dyn std::any::Any).downcast_ref::<Arc<dyn IdempotencyStore>>() {
+            return Arc::clone(shared);
+        }
         Arc::new(self.clone())
     }
 }

@@ -41,10 +41,16 @@ enum Waited<T> {
 }
 
 impl Call<'_> {
-    pub(super) async fn admit<T: DeserializeOwned>(&self, fingerprint: Option<&str>) -> Result<Admitted<T>, Error> {
-        let deadline = self.op.wait.map(|wait| Instant::now() + wait);
-        let admitting = Instant::now();
+    /// Admit the call that began `admitting`.
+    pub(super) async fn admit<T: DeserializeOwned>(
+        &self,
+        fingerprint: Option<&str>,
+        admitting: Instant,
+    ) -> Result<Admitted<T>, Error> {
+        let deadline = self.op.wait.map(|wait| admitting + wait);
         let request = self.op.request_body();
+        // The first claim is sent as admission begins; a later one, when it is sent.
+        let mut first_claim = true;
         loop {
             // The record in the way, as this caller's claim met it; `None` when it is
             // running with a fingerprint that agrees, and the next read tells more.
@@ -59,7 +65,11 @@ impl Call<'_> {
                     Met::Existing(record) => Some(Record::clone(record)),
                 },
                 Turn::Claim(ticket) => {
-                    let claimed_at = Instant::now();
+                    let claimed_at = if std::mem::take(&mut first_claim) {
+                        admitting
+                    } else {
+                        Instant::now()
+                    };
                     let claim = Claim::new(
                         &self.op.biz,
                         &self.key,
@@ -80,8 +90,9 @@ impl Call<'_> {
                                 fingerprint: fingerprint.map(str::to_owned),
                             });
                             let lease = lease.with_retention(self.op.retention());
-                            if self.lease_ahead(&lease, claimed_at).await? {
-                                observe::claimed(&self.op.biz, lease.fence, lease.took_over(), admitting.elapsed());
+                            let granted = Instant::now();
+                            if self.lease_ahead(&lease, granted - claimed_at).await? {
+                                observe::claimed(&self.op.biz, lease.fence, lease.took_over(), granted - admitting);
                                 return Ok(Admitted::Claimed(lease));
                             }
                             // Taken over before the body started: nothing ran; claim again.

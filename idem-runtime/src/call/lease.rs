@@ -2,7 +2,7 @@
 //! runs, and the signal to the body when the lease is lost.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::Call;
 use crate::claim::{FenceCheck, Lease};
@@ -17,13 +17,14 @@ use crate::unknown::{Intent, UNSETTLED_LEASE};
 const RETRY_SHARE_OF_BEAT: u32 = 4;
 
 impl Call<'_> {
-    /// Whether the granted `lease` has at least two thirds of its length ahead. A claim
+    /// Whether the granted `lease`, whose claim took `claim_took`, has at least two
+    /// thirds of its length ahead. A claim
     /// that waited (for a pool connection, a row lock) was granted a lease counted from
     /// before it waited; past a third of it, the lease is renewed first, so the body
     /// never starts on a lease another caller may take over within moments. `false`
     /// when that renewal finds the key already taken over.
-    pub(super) async fn lease_ahead(&self, lease: &Lease, claimed_at: Instant) -> Result<bool, Error> {
-        if claimed_at.elapsed() <= self.op.lease / 3 {
+    pub(super) async fn lease_ahead(&self, lease: &Lease, claim_took: Duration) -> Result<bool, Error> {
+        if claim_took <= self.op.lease / 3 {
             return Ok(true);
         }
         match self.store.renew(lease, clock::now(), self.op.stored_lease()).await {

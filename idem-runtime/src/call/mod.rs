@@ -10,14 +10,13 @@ pub(crate) mod transaction;
 
 use std::fmt::Display;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::context::{inside, Context, LeaseSignal};
+use crate::context::{inside, Context};
 use crate::error::{Error, StoreError};
 use crate::key::{key_problem, operation_biz_problem};
 use crate::observe::{self, Outcome};
@@ -118,7 +117,7 @@ impl Call<'_> {
             Err(error) => return refused(error),
         };
         let admitting = Instant::now();
-        let lease = match self.admit(fingerprint).await {
+        let lease = match self.admit(fingerprint, admitting).await {
             Ok(Admitted::Claimed(lease)) => lease,
             Ok(Admitted::Replayed(value)) => {
                 observe::claim_time(biz, admitting.elapsed());
@@ -130,20 +129,24 @@ impl Call<'_> {
                 return refused(error);
             }
         };
-        let signal = Arc::new(LeaseSignal::default());
-        let steps = Arc::new(StepLog::new(
+        let steps = StepLog::new(
             self.store.to_owned_store(),
-            lease.clone(),
             self.op.lease,
             self.op.outcome_policy_required,
-        ));
-        let context = Context::new(&lease, signal.clone(), Some(steps.clone()));
+        );
+        let context = Context::new(lease, Some(steps));
         let running = Instant::now();
-        let outcome = self.hold(&lease, &signal, context.scope(body)).await;
-        if let Some(intent) = steps.unknown().await {
+        let outcome = self
+            .hold(context.lease(), context.signal(), context.clone().scope(body))
+            .await;
+        let unknown = match context.step_log() {
+            Some(steps) => steps.unknown().await,
+            None => None,
+        };
+        if let Some(intent) = unknown {
             // An effect's outcome is unknown: whatever the body made of it, the record
             // stays unsettled, held so that no call takes it over.
-            let error = self.leave_unsettled(&lease, &intent).await;
+            let error = self.leave_unsettled(context.lease(), &intent).await;
             observe::finished(biz, Outcome::Unknown, Some(running.elapsed()));
             return Err(error.into());
         }
@@ -155,7 +158,7 @@ impl Call<'_> {
                 Outcome::Failed
             },
         );
-        let answer = self.record(lease, outcome, describe).await;
+        let answer = self.record(context.into_lease(), outcome, describe).await;
         observe::finished(biz, kind, Some(ran));
         answer
     }

@@ -274,11 +274,12 @@ impl Call<'_> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
+        let fence = lease.fence;
         match judge(self.op, &self.key, outcome, describe) {
-            (verdict @ Verdict::Succeeded(_), answer) => match self.settle(lease.clone(), verdict).await? {
+            (verdict @ Verdict::Succeeded(_), answer) => match self.settle(lease, verdict).await? {
                 Settled::Recorded => answer,
                 Settled::Lost => {
-                    let error = self.lease_lost(&lease, "complete");
+                    let error = self.lease_lost(fence, "complete");
                     tracing::warn!(target: "idem", %error, "idempotent call finished after losing its claim");
                     Err(error.into())
                 }
@@ -291,7 +292,7 @@ impl Call<'_> {
     }
 
     async fn settle(&self, lease: Lease, verdict: Verdict) -> Result<Settled, Error> {
-        let operation = verdict.operation();
+        let (operation, now) = (verdict.operation(), Instant::now());
         let mut recording = Recording {
             store: self.store,
             write: Some(OutcomeWrite {
@@ -301,11 +302,11 @@ impl Call<'_> {
                 stored_lease: self.op.stored_lease(),
                 ttl: self.op.ttl,
                 // Unknown when the heartbeat last renewed: renew at the first retry.
-                renewed_at: Instant::now().checked_sub(self.op.lease).unwrap_or_else(Instant::now),
+                renewed_at: now.checked_sub(self.op.lease).unwrap_or(now),
             }),
         };
         // The caller waits half a lease; the write goes on without it after that.
-        let give_up = Instant::now() + self.op.lease / 2;
+        let give_up = now + self.op.lease / 2;
         recording
             .settle(give_up)
             .await
@@ -316,10 +317,11 @@ impl Call<'_> {
     /// wrong with the record is logged.
     async fn settle_after_failure(&self, lease: Lease, verdict: Verdict) {
         let operation = verdict.operation();
-        match self.settle(lease.clone(), verdict).await {
+        let fence = lease.fence;
+        match self.settle(lease, verdict).await {
             Ok(Settled::Recorded) => {}
             Ok(Settled::Lost) => {
-                let error = self.lease_lost(&lease, operation);
+                let error = self.lease_lost(fence, operation);
                 tracing::warn!(target: "idem", %error, "idempotent call failed after losing its claim");
             }
             Err(error) => {
@@ -328,12 +330,12 @@ impl Call<'_> {
         }
     }
 
-    fn lease_lost(&self, lease: &Lease, operation: &'static str) -> Error {
+    fn lease_lost(&self, fence: u64, operation: &'static str) -> Error {
         crate::observe::lease_lost(&self.op.biz);
         self.error(|biz, key| Error::LeaseLost {
             biz,
             key,
-            fence: lease.fence,
+            fence,
             operation,
         })
     }

@@ -9,7 +9,6 @@
 //! shares: admission, and the outcome as a verdict.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
@@ -20,7 +19,7 @@ use super::outcome::{judge, Verdict};
 use super::{check_input, error_of, store_error, Describe};
 use crate::claim::{fingerprints_agree, Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock;
-use crate::context::{Context, LeaseSignal};
+use crate::context::Context;
 use crate::error::{Error, StoreError};
 use crate::observe::{self, Outcome};
 use crate::operation::Idempotent;
@@ -163,7 +162,7 @@ impl TransactionClaim<'_> {
     /// Run the body inside the call's context ([`context()`](crate::context) names the
     /// claim; [`step`](crate::step) refuses, since the transaction is the record).
     pub async fn run<F: Future>(&self, body: F) -> F::Output {
-        let context = Context::new(&self.lease, Arc::new(LeaseSignal::default()), None);
+        let context = Context::new(self.lease.clone(), None);
         context.scope(body).await
     }
 
