@@ -90,26 +90,21 @@ fn canonical(value: &Value<'_>, out: &mut String) {
         Value::Option(Some(inner)) => canonical(inner, out),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Number(number) => number_text(number, out),
-        Value::Char(c) => string(&c.to_string(), out),
+        Value::Char(c) => string(c.encode_utf8(&mut [0; 4]), out),
         Value::String(s) => string(s, out),
-        Value::Bytes(bytes) => list(bytes.iter().map(|b| u64::from(*b).to_string()), false, out),
-        Value::Seq(items) => list(items.iter().map(encoded), false, out),
-        Value::Tuple(items) => list(items.iter().map(encoded), false, out),
-        Value::Map(entries) => map(entries.iter().map(|(k, v)| (encoded(k), encoded(v))), out),
+        Value::Bytes(bytes) => list(bytes.iter().map(|b| Node::Byte(*b)), out),
+        Value::Seq(items) | Value::Tuple(items) => list(items.iter().map(Node::Value), out),
+        Value::Map(entries) => map(entries.iter().map(|(k, v)| (encoded(k), Node::Value(v))).collect(), out),
         Value::Struct(s) if s.name == UNORDERED => match &s.data {
             Data::NewType {
                 value: Value::Seq(items) | Value::Tuple(items),
-            } => list(items.iter().map(encoded), true, out),
+            } => multiset(items, out),
             other => data(other, out),
         },
         Value::Struct(s) => data(&s.data, out),
         Value::Enum(e) => match &e.data {
             Data::Unit => string(&e.variant, out),
-            other => {
-                let mut inner = String::new();
-                data(other, &mut inner);
-                map(std::iter::once((quoted(&e.variant), inner)), out);
-            }
+            other => map(vec![(quoted(&e.variant), Node::Data(other))], out),
         },
     }
 }
@@ -118,26 +113,60 @@ fn data(data: &Data<'_>, out: &mut String) {
     match data {
         Data::Unit => out.push_str("null"),
         Data::NewType { value } => canonical(value, out),
-        Data::Tuple { values } => list(values.iter().map(encoded), false, out),
-        Data::Struct { fields } => map(fields.iter().map(|(name, v)| (quoted(name), encoded(v))), out),
+        Data::Tuple { values } => list(values.iter().map(Node::Value), out),
+        Data::Struct { fields } => map(
+            fields.iter().map(|(name, v)| (quoted(name), Node::Value(v))).collect(),
+            out,
+        ),
+    }
+}
+
+/// What a list or a map holds, written in place.
+#[derive(Clone, Copy)]
+enum Node<'a> {
+    Value(&'a Value<'a>),
+    Data(&'a Data<'a>),
+    Byte(u8),
+}
+
+impl Node<'_> {
+    fn write(self, out: &mut String) {
+        match self {
+            Node::Value(value) => canonical(value, out),
+            Node::Data(inner) => data(inner, out),
+            Node::Byte(b) => {
+                let _ = write!(out, "{b}");
+            }
+        }
+    }
+
+    fn encoded(self) -> String {
+        let mut out = String::new();
+        self.write(&mut out);
+        out
     }
 }
 
 fn encoded(value: &Value<'_>) -> String {
-    let mut out = String::new();
-    canonical(value, &mut out);
-    out
+    Node::Value(value).encoded()
 }
 
 fn quoted(text: &str) -> String {
-    let mut out = String::new();
+    let mut out = String::with_capacity(text.len() + 2);
     string(text, &mut out);
     out
 }
 
 fn string(text: &str, out: &mut String) {
-    // serde_json's escaping: the same text always gives the same bytes.
-    out.push_str(&serde_json::Value::from(text).to_string());
+    // serde_json's escaping: the same text always gives the same bytes. Text with
+    // nothing to escape is written as it is, between quotes.
+    if text.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(text).expect("a string always serializes"));
+    }
 }
 
 fn number_text(number: &Number, out: &mut String) {
@@ -159,19 +188,30 @@ fn number_text(number: &Number, out: &mut String) {
     };
 }
 
-fn list(items: impl Iterator<Item = String>, sorted: bool, out: &mut String) {
-    let mut items: Vec<String> = items.collect();
-    if sorted {
-        items.sort_unstable();
+/// `[a,b,…]`, in order.
+fn list<'a>(items: impl Iterator<Item = Node<'a>>, out: &mut String) {
+    out.push('[');
+    for (i, item) in items.enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        item.write(out);
     }
+    out.push(']');
+}
+
+/// `[a,b,…]`, the items' encodings sorted: a multiset.
+fn multiset(items: &[Value<'_>], out: &mut String) {
+    let mut items: Vec<String> = items.iter().map(encoded).collect();
+    items.sort_unstable();
     out.push('[');
     out.push_str(&items.join(","));
     out.push(']');
 }
 
-fn map(entries: impl Iterator<Item = (String, String)>, out: &mut String) {
-    let mut entries: Vec<(String, String)> = entries.collect();
-    entries.sort_unstable();
+/// `{name:value,…}`, sorted by name, and by value among equal names.
+fn map(mut entries: Vec<(String, Node<'_>)>, out: &mut String) {
+    entries.sort_unstable_by(|(a, x), (b, y)| a.cmp(b).then_with(|| x.encoded().cmp(&y.encoded())));
     out.push('{');
     for (i, (name, value)) in entries.into_iter().enumerate() {
         if i > 0 {
@@ -179,7 +219,7 @@ fn map(entries: impl Iterator<Item = (String, String)>, out: &mut String) {
         }
         out.push_str(&name);
         out.push(':');
-        out.push_str(&value);
+        value.write(out);
     }
     out.push('}');
 }
@@ -286,5 +326,84 @@ mod tests {
     fn tuples_keep_their_order() {
         assert_ne!(fingerprint(&(1, 2)).unwrap(), fingerprint(&(2, 1)).unwrap());
         assert_ne!(fingerprint(&[1, 2]).unwrap(), fingerprint(&[2, 1]).unwrap());
+    }
+
+    /// A payload of every shape: strings that need escaping (quotes, backslashes,
+    /// control characters, a name that sorts differently once quoted) and that do not,
+    /// non-ASCII text, nested maps, numbers of every width, floats, options, enums,
+    /// tuples, bytes and a multiset.
+    fn every_shape() -> impl Serialize {
+        #[derive(Serialize)]
+        enum Kind {
+            Card,
+            Wire { iban: &'static str },
+            Split(u8, i8),
+        }
+        #[derive(Serialize)]
+        struct Payload {
+            plain: &'static str,
+            escaped: &'static str,
+            #[serde(rename = "a b")]
+            spaced: u8,
+            a: u8,
+            unicode: String,
+            kinds: Vec<Kind>,
+            amounts: (u128, i128, f64, f32),
+            missing: Option<u8>,
+            unit: (),
+            character: char,
+            #[serde(with = "serde_bytes_like")]
+            bytes: Vec<u8>,
+            tags: Unordered<Vec<&'static str>>,
+            by_name: BTreeMap<String, i64>,
+        }
+        mod serde_bytes_like {
+            pub fn serialize<S: serde::Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_bytes(bytes)
+            }
+        }
+        Payload {
+            plain: "order-7",
+            escaped: "a \"quoted\" \\ back\nline\ttab\u{1}\u{1f}/",
+            spaced: 1,
+            a: 2,
+            unicode: "zürich – 東京 🚀".to_owned(),
+            kinds: vec![Kind::Card, Kind::Wire { iban: "DE00" }, Kind::Split(3, -4)],
+            amounts: (u128::MAX, i128::MIN, 0.1, 1.5),
+            missing: None,
+            unit: (),
+            character: '"',
+            bytes: vec![0, 255],
+            tags: Unordered(vec!["y", "x"]),
+            by_name: [("z".to_owned(), 1), ("\"q".to_owned(), -1)].into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn a_fingerprint_stored_by_an_earlier_version_still_matches() {
+        // Records keep fingerprints across upgrades: a retry after a deploy must
+        // fingerprint as its first try did, or it is refused as another payload.
+        assert_eq!(
+            fingerprint(&every_shape()).unwrap(),
+            "58f156d861233580e322d4a57f14e2645f67d86d22f40ef22c48efcf0fe81700",
+            "the canonical encoding changed"
+        );
+        assert_eq!(
+            fingerprint(&json!({"amount": 199, "to": {"bank": "x\ny", "acct": [1, 2.5, null]}})).unwrap(),
+            "0dbcd1190767ce8c49b7068fd2191cf1e865a70f91ebf9e3f548475b946f0fed",
+            "the canonical encoding changed"
+        );
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        let odd = ['\u{7f}', '\u{80}', 'ü', '\u{2028}', '東', '🚀'];
+        for c in (0u8..0x80).map(char::from).chain(odd) {
+            for text in [c.to_string(), format!("a{c}b"), format!("{c}{c}")] {
+                let mut written = String::new();
+                string(&text, &mut written);
+                assert_eq!(written, serde_json::to_string(&text).unwrap(), "{text:?}");
+            }
+        }
     }
 }
