@@ -11,7 +11,7 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
 use crate::claim::{FirstClaim, Inserted};
-use crate::duplicates::Duplicates;
+use crate::duplicates::{Duplicates, FirstLook};
 use crate::error::driver_error;
 use crate::pooler::on_pool;
 use crate::pooler::Pooler;
@@ -54,11 +54,12 @@ pub(crate) struct Parts<DB: Database> {
 
 impl<DB: Database> Parts<DB> {
     /// The statement a claim on the pool starts with, where the dialect has one: the
-    /// insert that also reads what stands in its way while claims often meet records,
-    /// the plain insert otherwise.
+    /// insert that also reads what stands in its way while claims often (but not nearly
+    /// always) meet records, the plain insert otherwise — after a plain read, when
+    /// nearly every claim meets a record.
     pub fn first_claim(&self) -> Option<FirstClaim<'_>> {
         match self.insert_and_read_sql.get() {
-            Some(reading) if self.duplicates.common() => Some(FirstClaim {
+            Some(reading) if self.duplicates.first_look(true) == FirstLook::InsertThatReads => Some(FirstClaim {
                 sql: reading,
                 reads: true,
             }),

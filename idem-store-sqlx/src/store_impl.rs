@@ -165,8 +165,10 @@ macro_rules! impl_idempotency_store {
             }
 
             fn reads_first(&self) -> bool {
-                self.duplicates.is_some_and(crate::duplicates::Duplicates::common)
-                    && !self.insert.is_some_and(|insert| insert.reads)
+                let insert_reads = self.insert.is_some_and(|insert| insert.reads);
+                self.duplicates.is_some_and(|duplicates| {
+                    duplicates.first_look(insert_reads) == crate::duplicates::FirstLook::Read
+                })
             }
 
             fn observe(&self, met: bool) {
