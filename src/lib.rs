@@ -91,8 +91,9 @@
 //! data model: a value JSON cannot carry (NaN, ±∞, `Some(None)` of an
 //! `Option<Option<T>>`, an `untagged` enum variant that reads back as another) fails
 //! the first call with [`Error::Encode`] and is recorded FAIL (the body ran; it will not
-//! run again). Floats replay with their exact bits. `T` must therefore serialize to
-//! JSON (map keys as strings) and deserialize back to an equal value.
+//! run again). Floats replay with their exact bits; a `HashMap` or `HashSet` is
+//! compared in any order. `T` must therefore serialize to JSON (map keys as strings)
+//! and deserialize back to an equal value.
 //!
 //! Equal payloads fingerprint equal, different payloads differ: the fingerprint is
 //! SHA-256 over serde's data model with map and struct fields sorted, lists in their

@@ -7,10 +7,15 @@
 //! model (`serde-content`, which tells `Some(None)` from `None` and compares floats
 //! exactly). A value that would not replay equal is refused: the caller gets
 //! `Error::Encode` and nothing is recorded as `SUCCESS`. Floats themselves round-trip
-//! exactly: serde_json is built with `float_roundtrip`.
+//! exactly: serde_json is built with `float_roundtrip`. The entries of a map and the
+//! items of a sequence are compared in any order: a `HashMap` or a `HashSet` read back
+//! iterates in an order of its own, and is still the same value.
+
+use std::cmp::Ordering;
 
 use serde::de::{DeserializeOwned, Error as _};
 use serde::Serialize;
+use serde_content::{Data, Value};
 
 /// The JSON of `value`, once it is known to read back as the same value.
 pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<String, serde_json::Error> {
@@ -20,6 +25,7 @@ pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<Strin
     let model = |v: &T| serde_content::Serializer::new().human_readable().serialize(v);
     match (model(value), model(&again)) {
         (Ok(first), Ok(replayed)) if first == replayed => Ok(json),
+        (Ok(first), Ok(replayed)) if in_one_order(first.clone()) == in_one_order(replayed.clone()) => Ok(json),
         (Ok(first), Ok(replayed)) => Err(serde_json::Error::custom(format!(
             "the response would replay as a different value: {first:?} is stored as `{json}`, \
              which reads back as {replayed:?} (NaN, infinities, `Some(None)` and some untagged \
@@ -28,6 +34,56 @@ pub(crate) fn encode<T: Serialize + DeserializeOwned>(value: &T) -> Result<Strin
         (Err(e), _) | (_, Err(e)) => Err(serde_json::Error::custom(format!(
             "the response could not be compared with its replay: {e}"
         ))),
+    }
+}
+
+/// `value` with the entries of every map and the items of every sequence sorted: the
+/// same for a `HashMap` or `HashSet` whatever order it iterates in. (Tuples, structs
+/// and enums keep their order: it is their shape.)
+fn in_one_order(value: Value<'_>) -> Value<'_> {
+    match value {
+        Value::Seq(items) => {
+            let mut items: Vec<_> = items.into_iter().map(in_one_order).collect();
+            items.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+            Value::Seq(items)
+        }
+        Value::Map(entries) => {
+            let mut entries: Vec<_> = entries
+                .into_iter()
+                .map(|(key, value)| (in_one_order(key), in_one_order(value)))
+                .collect();
+            entries.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+            Value::Map(entries)
+        }
+        Value::Tuple(items) => Value::Tuple(items.into_iter().map(in_one_order).collect()),
+        Value::Option(Some(inner)) => Value::Option(Some(Box::new(in_one_order(*inner)))),
+        Value::Struct(mut inner) => {
+            inner.data = data_in_one_order(inner.data);
+            Value::Struct(inner)
+        }
+        Value::Enum(mut inner) => {
+            inner.data = data_in_one_order(inner.data);
+            Value::Enum(inner)
+        }
+        other => other,
+    }
+}
+
+fn data_in_one_order(data: Data<'_>) -> Data<'_> {
+    match data {
+        Data::Unit => Data::Unit,
+        Data::NewType { value } => Data::NewType {
+            value: in_one_order(value),
+        },
+        Data::Tuple { values } => Data::Tuple {
+            values: values.into_iter().map(in_one_order).collect(),
+        },
+        Data::Struct { fields } => Data::Struct {
+            fields: fields
+                .into_iter()
+                .map(|(name, value)| (name, in_one_order(value)))
+                .collect(),
+        },
     }
 }
 
@@ -125,6 +181,22 @@ mod tests {
         let x = 0.30000000000000004f64;
         let back: f64 = decode(Some(&encode(&x).unwrap())).unwrap();
         assert_eq!(back.to_bits(), x.to_bits());
+    }
+
+    #[test]
+    fn maps_and_sets_in_any_iteration_order_are_encoded() {
+        use std::collections::{HashMap, HashSet};
+        // Each map read back iterates in its own random order.
+        let balances: HashMap<String, u64> = (0..32).map(|i| (format!("acct-{i}"), i)).collect();
+        let tags: HashSet<String> = (0..32).map(|i| format!("tag-{i}")).collect();
+        for _ in 0..20 {
+            let json = encode(&balances).expect("a HashMap answer is encoded");
+            let back: HashMap<String, u64> = decode(Some(&json)).unwrap();
+            assert_eq!(back, balances);
+            let json = encode(&tags).expect("a HashSet answer is encoded");
+            let back: HashSet<String> = decode(Some(&json)).unwrap();
+            assert_eq!(back, tags);
+        }
     }
 
     #[test]

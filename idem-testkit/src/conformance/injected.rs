@@ -3,7 +3,7 @@
 //! existed, and each fails when that guard is removed (docs/RELIABILITY.md lists the
 //! mutations tried).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -76,6 +76,16 @@ async fn echo_maybe(
 ) -> Result<Option<Option<f64>>, AppError> {
     runs.hit();
     Ok(value)
+}
+
+/// Balances by account and the accounts' tags: a map and a set that iterate in an order
+/// of their own.
+type Ledger = (HashMap<String, u64>, HashSet<String>);
+
+#[idempotent(key = key, biz = "injected.ledger", store = store)]
+async fn echo_ledger(store: &Store, key: &str, ledger: Ledger, runs: &Runs) -> Result<Ledger, AppError> {
+    runs.hit();
+    Ok(ledger)
 }
 
 /// A payload holding a set: its order does not matter.
@@ -227,6 +237,26 @@ pub async fn replays_equal_the_first_answer(store: &Store) {
         let again = echo_maybe(store, &key, value, &runs).await.unwrap_err().idem();
         assert!(matches!(again, Error::PreviousFailed { .. }), "{name}: {again:?}");
         assert_eq!(runs.count(), 1, "{name}: the body ran once");
+    }
+}
+
+/// An answer holding a `HashMap` and a `HashSet` is recorded and replays equal: read
+/// back, they iterate in another order and are still the same value.
+pub async fn maps_and_sets_replay_as_answered(store: &Store) {
+    let ledger: Ledger = (
+        (0..32).map(|i| (format!("acct-{i}"), i)).collect(),
+        (0..32).map(|i| format!("tag-{i}")).collect(),
+    );
+    for round in 0..5 {
+        let (key, runs) = (unique(&format!("ledger-{round}")), Runs::default());
+        let first = echo_ledger(store, &key, ledger.clone(), &runs)
+            .await
+            .expect("a map and a set are answered");
+        let replayed = echo_ledger(store, &key, (HashMap::new(), HashSet::new()), &runs)
+            .await
+            .unwrap();
+        assert_eq!((first, replayed.clone()), (ledger.clone(), ledger.clone()));
+        assert_eq!(runs.count(), 1, "the body ran once");
     }
 }
 

@@ -84,6 +84,7 @@ macro_rules! __every_scenario {
                 late_claim_renews_before_the_body,
                 lost_reply_of_a_committed_complete_is_success,
                 replays_equal_the_first_answer,
+                maps_and_sets_replay_as_answered,
                 equal_payloads_fingerprint_equal,
                 reordered_lists_are_another_payload,
                 an_outage_shorter_than_the_lease_runs_a_finished_body_once,
