@@ -40,6 +40,7 @@ mod clock;
 mod context;
 mod default_store;
 pub mod digest;
+pub mod duplicates;
 mod error;
 mod fingerprint;
 mod key;

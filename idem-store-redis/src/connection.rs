@@ -40,6 +40,21 @@ impl Connection {
         }
     }
 
+    /// The server's clock (seconds and microseconds of `TIME`) and what `cmd` answers,
+    /// in one round trip: a pipeline, on one server. `None` on a cluster, which would
+    /// route the two to different nodes.
+    pub(crate) async fn with_server_time<T: FromRedisValue>(&self, cmd: &Cmd) -> RedisResult<Option<((u64, u64), T)>> {
+        match self.clone() {
+            Connection::Single(mut conn) => redis::pipe()
+                .cmd("TIME")
+                .add_command(cmd.clone())
+                .query_async(&mut conn)
+                .await
+                .map(Some),
+            Connection::Cluster(_) => Ok(None),
+        }
+    }
+
     /// The primaries: the one server, or every primary of a cluster (found through
     /// `CLUSTER NODES`).
     pub(crate) async fn primaries(&self) -> RedisResult<Vec<Primary>> {

@@ -13,6 +13,7 @@ use redis::Script;
 use crate::connection::Connection;
 use crate::notice::Listener;
 use crate::record::{decode, micros};
+use idem_runtime::duplicates::{Duplicates, FirstLook};
 
 /// Where every record key starts by default.
 pub const DEFAULT_PREFIX: &str = "idem:";
@@ -56,6 +57,8 @@ pub struct RedisStore {
     lease_clock: LeaseClock,
     /// Where the completion notices of its waiters come from.
     listener: Listener,
+    /// How often its claims meet a record: in a storm of duplicates, a claim reads first.
+    duplicates: Arc<Duplicates>,
 }
 
 /// A holder write, as `write.lua` names it.
@@ -178,6 +181,7 @@ impl RedisStore {
             keep_expired: DEFAULT_KEEP_EXPIRED,
             lease_clock: LeaseClock::Store,
             listener: Listener::default(),
+            duplicates: Arc::default(),
         };
         store.check_eviction_policy().await?;
         Ok(store)
@@ -404,39 +408,19 @@ impl RedisStore {
 #[async_trait::async_trait]
 impl IdempotencyStore for RedisStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut invocation = CLAIM.prepare_invoke();
-        invocation
-            .key(self.record_key(claim.biz, claim.key))
-            .arg(claim.lease.as_micros().to_string())
-            .arg(claim.ttl.max(claim.lease).as_micros().to_string())
-            .arg(claim.fingerprint.unwrap_or(""))
-            .arg(claim.request_body.unwrap_or(""))
-            .arg(call_id())
-            .arg(self.keep_us().to_string())
-            .arg(self.caller_now(claim.now));
-        let reply: Vec<Vec<u8>> = self.run("claim", (claim.biz, claim.key), &invocation).await?;
-        match reply.split_first() {
-            Some((tag, rest)) if tag.as_slice() == b"ACQUIRED" && rest.len() == 2 => {
-                let number = |bytes: &[u8]| -> Result<u64, StoreError> {
-                    std::str::from_utf8(bytes)
-                        .ok()
-                        .and_then(|text| text.parse().ok())
-                        .ok_or_else(|| StoreError::new("the claim script answered a fence that is not a number"))
-                };
-                Ok(ClaimOutcome::Acquired(Lease::new(
-                    claim.biz,
-                    claim.key,
-                    number(&rest[0])?,
-                    SystemTime::UNIX_EPOCH + Duration::from_micros(number(&rest[1])?),
-                )))
+        let read_first = self.duplicates.first_look(true) == FirstLook::Read;
+        if read_first {
+            let (stood, standing) = self.read_first(claim).await;
+            self.duplicates.observe(stood);
+            if let Some(standing) = standing {
+                return Ok(standing);
             }
-            Some((tag, rest)) if tag.as_slice() == b"EXISTING" => {
-                Ok(ClaimOutcome::Existing(decode(claim.biz, claim.key, rest)?))
-            }
-            _ => Err(StoreError::new(
-                "the claim script answered neither ACQUIRED nor EXISTING",
-            )),
         }
+        let claimed = self.run_claim(claim).await;
+        if let (false, Ok(outcome)) = (read_first, &claimed) {
+            self.duplicates.observe(matches!(outcome, ClaimOutcome::Existing(_)));
+        }
+        claimed
     }
 
     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
@@ -502,6 +486,72 @@ impl IdempotencyStore for RedisStore {
     /// Walks the records with `SCAN` (every primary of a cluster), a script per key.
     async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
         self.on_every_record("erase_subject", &ERASE, subject, u64::MAX).await
+    }
+}
+
+impl RedisStore {
+    /// The claim script: the key granted, or the record that stands in its way.
+    async fn run_claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
+        let mut invocation = CLAIM.prepare_invoke();
+        invocation
+            .key(self.record_key(claim.biz, claim.key))
+            .arg(claim.lease.as_micros().to_string())
+            .arg(claim.ttl.max(claim.lease).as_micros().to_string())
+            .arg(claim.fingerprint.unwrap_or(""))
+            .arg(claim.request_body.unwrap_or(""))
+            .arg(call_id())
+            .arg(self.keep_us().to_string())
+            .arg(self.caller_now(claim.now));
+        let reply: Vec<Vec<u8>> = self.run("claim", (claim.biz, claim.key), &invocation).await?;
+        match reply.split_first() {
+            Some((tag, rest)) if tag.as_slice() == b"ACQUIRED" && rest.len() == 2 => {
+                let number = |bytes: &[u8]| -> Result<u64, StoreError> {
+                    std::str::from_utf8(bytes)
+                        .ok()
+                        .and_then(|text| text.parse().ok())
+                        .ok_or_else(|| StoreError::new("the claim script answered a fence that is not a number"))
+                };
+                Ok(ClaimOutcome::Acquired(Lease::new(
+                    claim.biz,
+                    claim.key,
+                    number(&rest[0])?,
+                    SystemTime::UNIX_EPOCH + Duration::from_micros(number(&rest[1])?),
+                )))
+            }
+            Some((tag, rest)) if tag.as_slice() == b"EXISTING" => {
+                Ok(ClaimOutcome::Existing(decode(claim.biz, claim.key, rest)?))
+            }
+            _ => Err(StoreError::new(
+                "the claim script answered neither ACQUIRED nor EXISTING",
+            )),
+        }
+    }
+
+    /// In a storm of duplicates, before the claim script: the record and the server's
+    /// clock in one round trip, and the record's answer when it stands at that instant
+    /// (by the caller's instant with [`LeaseClock::Caller`]); whether a record stood.
+    /// On a cluster, or when the read fails, nothing stands: the script decides.
+    async fn read_first(&self, claim: &Claim<'_>) -> (bool, Option<ClaimOutcome>) {
+        let cmd = redis::cmd("HGETALL").arg(self.record_key(claim.biz, claim.key)).clone();
+        let Ok(Some(((seconds, micros), pairs))) = self.conn.with_server_time::<Vec<Vec<u8>>>(&cmd).await else {
+            return (false, None);
+        };
+        if pairs.is_empty() {
+            return (false, None);
+        }
+        let Ok(record) = decode(claim.biz, claim.key, &pairs) else {
+            return (true, None);
+        };
+        let now = match self.lease_clock {
+            LeaseClock::Store => SystemTime::UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_micros(micros),
+            LeaseClock::Caller => claim.now,
+        };
+        let mut judged = *claim;
+        judged.now = now;
+        (
+            true,
+            (!judged.admits(&record)).then_some(ClaimOutcome::Existing(record)),
+        )
     }
 }
 

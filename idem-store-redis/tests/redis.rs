@@ -493,3 +493,38 @@ async fn a_replay_takes_one_round_trip() {
     };
     conformance::round_trips::a_replay_takes_one_round_trip(Arc::new(store), || link.round_trips(), read).await;
 }
+
+/// In a storm of duplicates a replay runs no script: its claim reads the record and the
+/// server's clock in one pipeline, and answers from them. Shown by taking the scripts
+/// away from the store's user once the storm is on: the replays are still answered.
+#[tokio::test]
+async fn a_storm_of_duplicates_is_answered_without_a_script() {
+    let Some(url) = conformance::server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let admin = connection().await;
+    let acl = |args: &'static [&'static str]| {
+        let mut admin = admin.clone();
+        async move {
+            let () = redis::cmd("ACL").arg(args).query_async(&mut admin).await.unwrap();
+        }
+    };
+    acl(&["SETUSER", "idem_storm", "on", ">storming", "~*", "&*", "+@all"]).await;
+    let store = RedisStore::connect(&url.replacen("redis://", "redis://idem_storm:storming@", 1))
+        .await
+        .unwrap();
+    let op = Idempotent::new(conformance::unique("storm")).store(Arc::new(store));
+    let call = || op.execute("paid", async { Ok::<_, Error>(7_u32) });
+    for _ in 0..50 {
+        assert_eq!(call().await.unwrap(), 7);
+    }
+    acl(&["SETUSER", "idem_storm", "-@scripting"]).await;
+    let mut replays = Vec::new();
+    for _ in 0..10 {
+        replays.push(call().await);
+    }
+    acl(&["DELUSER", "idem_storm"]).await;
+    for replay in replays {
+        assert_eq!(replay.expect("a replay in a storm runs no script"), 7);
+    }
+}

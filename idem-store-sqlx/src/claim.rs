@@ -97,7 +97,7 @@ pub(crate) struct OnConnection<'c, D: Dialect> {
     /// The dialect's insert-if-absent claim, where it has one and the site uses it.
     pub insert: Option<FirstClaim<'c>>,
     /// Where the insert's outcomes are counted (on the store's pool).
-    pub duplicates: Option<&'c crate::duplicates::Duplicates>,
+    pub duplicates: Option<&'c idem_runtime::duplicates::Duplicates>,
     /// The table's statements: whose clock they judge by, whether they are prepared.
     pub sql: &'c crate::statements::Statements,
     /// Whether `conn` is in a transaction already (the caller's), which a pooler keeps

@@ -11,7 +11,7 @@ use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
 use crate::claim::{FirstClaim, Inserted};
-use crate::duplicates::{Duplicates, FirstLook};
+use idem_runtime::duplicates::{Duplicates, FirstLook};
 use crate::error::driver_error;
 use crate::pooler::on_pool;
 use crate::pooler::Pooler;

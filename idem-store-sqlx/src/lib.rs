@@ -47,7 +47,6 @@ cfg_driver! {
     mod claim;
     mod connection;
     mod dialect;
-    mod duplicates;
     mod error;
     mod migration;
     mod pooler;

@@ -167,7 +167,7 @@ macro_rules! impl_idempotency_store {
             fn reads_first(&self) -> bool {
                 let insert_reads = self.insert.is_some_and(|insert| insert.reads);
                 self.duplicates.is_some_and(|duplicates| {
-                    duplicates.first_look(insert_reads) == crate::duplicates::FirstLook::Read
+                    duplicates.first_look(insert_reads) == idem_runtime::duplicates::FirstLook::Read
                 })
             }
 

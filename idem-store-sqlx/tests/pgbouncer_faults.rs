@@ -19,7 +19,7 @@ use idem::sqlx;
 use idem::{Idempotent, PostgresStore};
 
 const TASKS: usize = 8;
-const KEYS: usize = 400;
+const KEYS: usize = 1000;
 
 /// One fault at a time: each takes the whole pooler.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -128,7 +128,9 @@ async fn server_connections_ended_by_the_server_mid_storm() {
     };
     storm_through("terminate", async move {
         let pool = sqlx::PgPool::connect(&direct).await.unwrap();
-        for _ in 0..3 {
+        // The first round comes mid-storm (the storm checks it); the later ones end what
+        // the pooler opened again, if the storm is still running.
+        for round in 0..3 {
             let ended: Vec<(bool,)> = sqlx::query_as(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                  WHERE datname = 'idem_pooled' AND pid <> pg_backend_pid()",
@@ -136,7 +138,10 @@ async fn server_connections_ended_by_the_server_mid_storm() {
             .fetch_all(&pool)
             .await
             .unwrap();
-            assert!(!ended.is_empty(), "the pooler had server connections to end");
+            assert!(
+                round > 0 || !ended.is_empty(),
+                "the pooler had no server connections to end mid-storm"
+            );
             tokio::time::sleep(Duration::from_millis(700)).await;
         }
     })

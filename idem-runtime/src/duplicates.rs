@@ -1,9 +1,22 @@
-//! How often a store's claims meet a record already there, which picks the statement
-//! a claim starts with: the plain insert (cheapest for a key nobody holds); the insert
-//! that also reads the record in its way, where the dialect has one (a replay in one
-//! round trip, a little dearer for a new key); or, where nearly every claim meets a
-//! record (a storm of retries), a plain read of the record (the cheapest replay, a
-//! second statement for a new key).
+//! How often a store's claims meet a record already there: a hint for a store that has
+//! more than one way to start a claim. Where most keys are new, the plain claim (an
+//! insert) costs least; where claims often meet records, a claim that also reads the
+//! record in its way answers a duplicate in the same round trip; where nearly every
+//! claim meets a record (a storm of retries), a plain read of the record first is the
+//! cheapest replay there is, and costs a new key a round trip more.
+//!
+//! The SQL stores and `RedisStore` keep one per store:
+//!
+//! ```
+//! use idem_runtime::duplicates::{Duplicates, FirstLook};
+//!
+//! let duplicates = Duplicates::default();
+//! assert_eq!(duplicates.first_look(true), FirstLook::Insert);
+//! for _ in 0..40 {
+//!     duplicates.observe(true); // the claim met a record
+//! }
+//! assert_eq!(duplicates.first_look(true), FirstLook::Read);
+//! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -12,7 +25,7 @@ const ALL: u32 = 1 << 16;
 /// Each claim moves the share by a sixteenth of the way: it follows the last few
 /// dozen claims.
 const STEP_SHIFT: u32 = 4;
-/// From this share on, the claim reads what stands in its way in the same statement.
+/// From this share on, the claim reads what stands in its way in the same round trip.
 /// Measured on PostgreSQL (p50, durable server): reading too costs a new key about
 /// 25 µs and saves a duplicate about 65 µs (a second statement), so it pays from
 /// about a duplicate in four claims on.
@@ -26,7 +39,7 @@ const READ_FIRST_FROM: u32 = ALL * 8 / 10;
 /// A moving share of a store's recent claims that met a record (every clone of the
 /// store shares one).
 #[derive(Debug, Default)]
-pub(crate) struct Duplicates {
+pub struct Duplicates {
     share: AtomicU32,
 }
 
@@ -66,7 +79,7 @@ impl Duplicates {
 
 /// What a claim starts with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FirstLook {
+pub enum FirstLook {
     /// The plain insert: most keys are new.
     Insert,
     /// The insert that also reads the record in its way.
@@ -109,7 +122,10 @@ mod tests {
             duplicates.observe(true);
         }
         assert!(duplicates.common());
-        assert!(!duplicates.nearly_all(), "twenty duplicates on a new store are not yet nearly all");
+        assert!(
+            !duplicates.nearly_all(),
+            "twenty duplicates on a new store are not yet nearly all"
+        );
         for _ in 0..10 {
             duplicates.observe(true);
         }
