@@ -115,8 +115,9 @@ where
     );
 }
 
-/// Once a store has met duplicates, a claim that reads the record in its way (in its
-/// insert, or before its claim statement) judges it as a read's would be: a running
+/// Once a store has met duplicates (a few, and again a storm of them, where every store
+/// reads first), a claim that reads the record in its way (in its insert, or before
+/// its claim statement) judges it as a read's would be: a running
 /// claim stands — with `server_clock` (`store` judges leases by its server's clock),
 /// also for a caller five minutes ahead of it; a lapsed lease and an expired record
 /// are taken over, at a higher fence. `lapse(key)` ends the lease of `key`'s record
@@ -133,10 +134,31 @@ pub async fn the_insert_that_reads_judges_what_it_read<L, LF, E, EF>(
     EF: Future<Output = ()>,
 {
     let biz = unique("insert-and-read");
+    // Once after the warm-up, where the claim's insert reads (or the claim reads first
+    // where no insert can read), and once in a storm, where every store reads first.
+    for duplicates in [WARM_UP, STORM] {
+        judges_what_it_read(&store, &biz, duplicates, server_clock, &lapse, &expire).await;
+    }
+}
+
+/// [`the_insert_that_reads_judges_what_it_read`] after `duplicates` duplicates.
+async fn judges_what_it_read<L, LF, E, EF>(
+    store: &Store,
+    biz: &str,
+    duplicates: usize,
+    server_clock: bool,
+    lapse: &L,
+    expire: &E,
+) where
+    L: Fn(String) -> LF,
+    LF: Future<Output = ()>,
+    E: Fn(String) -> EF,
+    EF: Future<Output = ()>,
+{
     let [running, lapsed, expired] = ["running", "lapsed", "expired"].map(unique);
     let now = idem::store::now();
     let claim = |key: &str, at| {
-        let (store, biz, key) = (store.clone(), biz.clone(), key.to_owned());
+        let (store, biz, key) = (store.clone(), biz.to_owned(), key.to_owned());
         async move {
             let claim = Claim::new(&biz, &key, at, Duration::from_secs(30), Duration::from_secs(3600));
             store.claim(&claim).await.expect("the claim is answered")
@@ -144,12 +166,12 @@ pub async fn the_insert_that_reads_judges_what_it_read<L, LF, E, EF>(
     };
     let acquired = |outcome| match outcome {
         ClaimOutcome::Acquired(lease) => lease,
-        other => panic!("expected the key granted, got {other:?}"),
+        other => panic!("after {duplicates} duplicates, expected the key granted, got {other:?}"),
     };
     let running_lease = acquired(claim(&running, now).await);
     let lapsed_lease = acquired(claim(&lapsed, now).await);
     let expired_lease = acquired(claim(&expired, now).await);
-    for _ in 0..WARM_UP {
+    for _ in 0..duplicates {
         assert!(matches!(claim(&running, now).await, ClaimOutcome::Existing(_)));
     }
 
