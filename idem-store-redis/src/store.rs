@@ -408,16 +408,21 @@ impl RedisStore {
 #[async_trait::async_trait]
 impl IdempotencyStore for RedisStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let read_first = self.duplicates.first_look(true) == FirstLook::Read;
-        if read_first {
-            let (stood, standing) = self.read_first(claim).await;
+        let read = if self.duplicates.first_look(true) == FirstLook::Read {
+            self.read_first(claim).await
+        } else {
+            None
+        };
+        // Each claim counts once: at its read, or else at its script.
+        let counted = read.is_some();
+        if let Some((stood, standing)) = read {
             self.duplicates.observe(stood);
             if let Some(standing) = standing {
                 return Ok(standing);
             }
         }
         let claimed = self.run_claim(claim).await;
-        if let (false, Ok(outcome)) = (read_first, &claimed) {
+        if let (false, Ok(outcome)) = (counted, &claimed) {
             self.duplicates.observe(matches!(outcome, ClaimOutcome::Existing(_)));
         }
         claimed
@@ -529,18 +534,19 @@ impl RedisStore {
 
     /// In a storm of duplicates, before the claim script: the record and the server's
     /// clock in one round trip, and the record's answer when it stands at that instant
-    /// (by the caller's instant with [`LeaseClock::Caller`]); whether a record stood.
-    /// On a cluster, or when the read fails, nothing stands: the script decides.
-    async fn read_first(&self, claim: &Claim<'_>) -> (bool, Option<ClaimOutcome>) {
+    /// (by the caller's instant with [`LeaseClock::Caller`]), and whether a record
+    /// stood. `None` where nothing was read — on a cluster, or when the read failed —
+    /// and the script decides, and is counted.
+    async fn read_first(&self, claim: &Claim<'_>) -> Option<(bool, Option<ClaimOutcome>)> {
         let cmd = redis::cmd("HGETALL").arg(self.record_key(claim.biz, claim.key)).clone();
         let Ok(Some(((seconds, micros), pairs))) = self.conn.with_server_time::<Vec<Vec<u8>>>(&cmd).await else {
-            return (false, None);
+            return None;
         };
         if pairs.is_empty() {
-            return (false, None);
+            return Some((false, None));
         }
         let Ok(record) = decode(claim.biz, claim.key, &pairs) else {
-            return (true, None);
+            return Some((true, None));
         };
         let now = match self.lease_clock {
             LeaseClock::Store => SystemTime::UNIX_EPOCH + Duration::from_secs(seconds) + Duration::from_micros(micros),
@@ -548,10 +554,10 @@ impl RedisStore {
         };
         let mut judged = *claim;
         judged.now = now;
-        (
+        Some((
             true,
             (!judged.admits(&record)).then_some(ClaimOutcome::Existing(record)),
-        )
+        ))
     }
 }
 

@@ -73,12 +73,12 @@ where
             assert!(matches!(granted, ClaimOutcome::Acquired(_)), "{granted:?}");
             let before = round_trips();
             let ahead = store.claim(&claim(now + Duration::from_secs(300))).await;
-            let counted = round_trips() - before;
+            let took = counted(before);
             assert!(
                 matches!(&ahead, Ok(ClaimOutcome::Existing(record)) if record.status == Status::Processing),
                 "the running call was not answered to a caller ahead: {ahead:?}"
             );
-            counted
+            took
         }
     };
     let ahead = ahead_of_a_running_call("running").await;
