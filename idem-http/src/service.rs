@@ -170,14 +170,16 @@ where
     let first: Slot<RB> = Arc::default();
     let (streamed_tx, mut streamed_rx) = oneshot::channel();
     let (written_tx, written_rx) = oneshot::channel::<()>();
-    let handler = handle(
+    // Boxed once here: the call's future then holds a pointer to the handler's future
+    // (a few kilobytes with the inner service's) instead of carrying it by value.
+    let handler = Box::pin(handle(
         settings.clone(),
         grpc,
         inner,
         request,
         first.clone(),
         (streamed_tx, written_rx),
-    );
+    ));
     let record_key = scope.record_key();
     let mut call = Box::pin(async move { op.execute(record_key, handler).await });
     let outcome = tokio::select! {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::call::{call, CallStore};
 use crate::store::OwnedStore;
 use crate::{Error, IdempotencyStore};
 
@@ -158,27 +159,53 @@ pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
 }
 
 /// Run the body of an `#[idempotent]` fn; `describe` words an `Err` for a `FAIL` record.
-pub async fn run<R, F>(
-    op: &Idempotent,
-    store: Option<&dyn OwnedStore>,
+///
+/// A plain function: the body is held once, in the call's future (see
+/// [`call`](crate::call)).
+pub fn run<'a, R, F>(
+    op: &'a Idempotent,
+    store: Option<&'a dyn OwnedStore>,
     key: String,
     describe: fn(&R::Err) -> String,
     body: F,
-) -> R
+) -> impl Future<Output = R> + use<'a, R, F>
 where
     R: IdempotentReturn,
     R::Ok: Replayable,
     R::Err: CarriesIdemError,
     F: Future<Output = R>,
 {
-    let body = async move { body.await.into_result() };
-    R::from_result(match store {
-        Some(store) => op.run_on(store, key, body, describe).await,
-        None => match op.store_or_installed() {
-            Ok(store) => op.run_on(&store, key, body, describe).await,
-            Err(error) => Err(error.into()),
-        },
-    })
+    let store = match store {
+        Some(store) => CallStore::Given(store),
+        None => CallStore::Found(op.store_or_installed()),
+    };
+    let body = Mapped::new(body, R::into_result);
+    Mapped::new(call(op, store, key, body, describe), R::from_result)
+}
+
+pin_project_lite::pin_project! {
+    /// A future whose output is turned into another by a function, without an `async`
+    /// block around it (which would hold the future twice).
+    pub struct Mapped<F, O> where F: Future {
+        #[pin]
+        future: F,
+        map: fn(F::Output) -> O,
+    }
+}
+
+impl<F: Future, O> Mapped<F, O> {
+    fn new(future: F, map: fn(F::Output) -> O) -> Self {
+        Mapped { future, map }
+    }
+}
+
+impl<F: Future, O> Future for Mapped<F, O> {
+    type Output = O;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<O> {
+        let this = self.project();
+        this.future.poll(cx).map(*this.map)
+    }
 }
 
 /// An error to describe in a `FAIL` record: by its `Display` text where it has one

@@ -165,8 +165,10 @@ impl Context {
         self.running.steps.as_ref()
     }
 
-    pub(crate) async fn scope<F: Future>(self, body: F) -> F::Output {
-        CURRENT.scope(self, body).await
+    /// `body` run with this context as the task's current one. A plain function, not an
+    /// `async fn`: the body is held once, in the returned future, not copied into one.
+    pub(crate) fn scope<F: Future>(self, body: F) -> tokio::task::futures::TaskLocalFuture<Context, F> {
+        CURRENT.scope(self, body)
     }
 }
 

@@ -19,8 +19,6 @@
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_content::{Data, Number, Value};
-
 /// The name [`Unordered`] serializes under, as a newtype struct: transparent to every
 /// format (JSON writes the inner value), recognised by the fingerprint.
 const UNORDERED: &str = "idem::Unordered";
@@ -77,84 +75,483 @@ pub fn unordered<T: Serialize + ?Sized, S: Serializer>(value: &T, serializer: S)
 
 /// The fingerprint of `payload`: lower-case hex SHA-256 of its canonical encoding (see
 /// the module docs). Fails only when the payload's own `Serialize` fails.
-pub(crate) fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, serde_content::Error> {
-    let value = serde_content::Serializer::new().human_readable().serialize(payload)?;
+pub(crate) fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, EncodeError> {
     let mut text = String::new();
-    canonical(&value, &mut text);
+    payload.serialize(Canonical::new(&mut text))?;
     Ok(crate::digest::sha256_hex(text))
 }
 
-fn canonical(value: &Value<'_>, out: &mut String) {
-    match value {
-        Value::Unit | Value::Option(None) => out.push_str("null"),
-        Value::Option(Some(inner)) => canonical(inner, out),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(number) => number_text(number, out),
-        Value::Char(c) => string(c.encode_utf8(&mut [0; 4]), out),
-        Value::String(s) => string(s, out),
-        Value::Bytes(bytes) => list(bytes.iter().map(|b| Node::Byte(*b)), out),
-        Value::Seq(items) | Value::Tuple(items) => list(items.iter().map(Node::Value), out),
-        Value::Map(entries) => map(entries.iter().map(|(k, v)| (encoded(k), Node::Value(v))).collect(), out),
-        Value::Struct(s) if s.name == UNORDERED => match &s.data {
-            Data::NewType {
-                value: Value::Seq(items) | Value::Tuple(items),
-            } => multiset(items, out),
-            other => data(other, out),
-        },
-        Value::Struct(s) => data(&s.data, out),
-        Value::Enum(e) => match &e.data {
-            Data::Unit => string(&e.variant, out),
-            other => map(vec![(quoted(&e.variant), Node::Data(other))], out),
-        },
+/// Why a payload could not be encoded: its own `Serialize` failed.
+#[derive(Debug)]
+pub(crate) struct EncodeError(String);
+
+impl std::fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
-fn data(data: &Data<'_>, out: &mut String) {
-    match data {
-        Data::Unit => out.push_str("null"),
-        Data::NewType { value } => canonical(value, out),
-        Data::Tuple { values } => list(values.iter().map(Node::Value), out),
-        Data::Struct { fields } => map(
-            fields.iter().map(|(name, v)| (quoted(name), Node::Value(v))).collect(),
-            out,
-        ),
+impl std::error::Error for EncodeError {}
+
+impl serde::ser::Error for EncodeError {
+    fn custom<T: std::fmt::Display>(message: T) -> Self {
+        EncodeError(message.to_string())
     }
 }
 
-/// What a list or a map holds, written in place.
-#[derive(Clone, Copy)]
-enum Node<'a> {
-    Value(&'a Value<'a>),
-    Data(&'a Data<'a>),
-    Byte(u8),
+/// The canonical encoding, written as serde walks the value: no tree of the value is
+/// built. Only what must be sorted is held apart — each map entry and struct field
+/// encoded on its own, and the items of an [`Unordered`] collection.
+///
+/// The encoding is serde's data model as JSON-like text: `null` for a unit, a `None`
+/// and a unit struct; an option's value as the value; a newtype struct as its value;
+/// sequences, tuples, tuple structs and bytes as `[…]` in order; maps and structs as
+/// `{…}` sorted by encoded name, then by encoded value; an enum's unit variant as its
+/// name, any other variant as `{"variant":…}`; integers in decimal; floats as the
+/// shortest text that reads back as the same `f64`.
+struct Canonical<'o> {
+    out: &'o mut String,
+    /// The value is an [`Unordered`]'s: a sequence or tuple is a multiset.
+    unordered: bool,
 }
 
-impl Node<'_> {
-    fn write(self, out: &mut String) {
-        match self {
-            Node::Value(value) => canonical(value, out),
-            Node::Data(inner) => data(inner, out),
-            Node::Byte(b) => {
-                let _ = write!(out, "{b}");
-            }
+impl<'o> Canonical<'o> {
+    fn new(out: &'o mut String) -> Self {
+        Canonical { out, unordered: false }
+    }
+
+    /// The items of a sequence or tuple, opened.
+    fn items(self, close: &'static str) -> Items<'o> {
+        let multiset = self.unordered.then(Held::default);
+        if multiset.is_none() {
+            self.out.push('[');
+        }
+        Items {
+            out: self.out,
+            first: true,
+            multiset,
+            close,
         }
     }
 
-    fn encoded(self) -> String {
-        let mut out = String::new();
-        self.write(&mut out);
-        out
+    /// The entries of a map or struct, opened.
+    fn entries(self, close: &'static str) -> Entries<'o> {
+        Entries {
+            out: self.out,
+            held: Held::default(),
+            name: None,
+            close,
+        }
+    }
+
+    /// `{"variant":` opened before a variant's data.
+    fn variant(&mut self, variant: &str) {
+        self.out.push('{');
+        string(variant, self.out);
+        self.out.push(':');
     }
 }
 
-fn encoded(value: &Value<'_>) -> String {
-    Node::Value(value).encoded()
+fn decimal(out: &mut String, number: impl std::fmt::Display) {
+    let _ = write!(out, "{number}");
 }
 
-fn quoted(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    string(text, &mut out);
-    out
+impl<'o> Serializer for Canonical<'o> {
+    type Ok = ();
+    type Error = EncodeError;
+    type SerializeSeq = Items<'o>;
+    type SerializeTuple = Items<'o>;
+    type SerializeTupleStruct = Items<'o>;
+    type SerializeTupleVariant = Items<'o>;
+    type SerializeMap = Entries<'o>;
+    type SerializeStruct = Entries<'o>;
+    type SerializeStructVariant = Entries<'o>;
+
+    fn is_human_readable(&self) -> bool {
+        true
+    }
+
+    fn serialize_bool(self, v: bool) -> Result<(), EncodeError> {
+        self.out.push_str(if v { "true" } else { "false" });
+        Ok(())
+    }
+
+    fn serialize_i8(self, v: i8) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_i16(self, v: i16) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_i32(self, v: i32) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_i64(self, v: i64) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_i128(self, v: i128) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_u8(self, v: u8) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_u16(self, v: u16) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_u32(self, v: u32) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_u64(self, v: u64) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_u128(self, v: u128) -> Result<(), EncodeError> {
+        decimal(self.out, v);
+        Ok(())
+    }
+
+    fn serialize_f32(self, v: f32) -> Result<(), EncodeError> {
+        self.serialize_f64(f64::from(v))
+    }
+
+    fn serialize_f64(self, v: f64) -> Result<(), EncodeError> {
+        // `{:?}` is the shortest text that reads back as the same float.
+        let _ = write!(self.out, "{v:?}");
+        Ok(())
+    }
+
+    fn serialize_char(self, v: char) -> Result<(), EncodeError> {
+        string(v.encode_utf8(&mut [0; 4]), self.out);
+        Ok(())
+    }
+
+    fn serialize_str(self, v: &str) -> Result<(), EncodeError> {
+        string(v, self.out);
+        Ok(())
+    }
+
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), EncodeError> {
+        self.out.push('[');
+        for (i, byte) in v.iter().enumerate() {
+            if i > 0 {
+                self.out.push(',');
+            }
+            decimal(self.out, byte);
+        }
+        self.out.push(']');
+        Ok(())
+    }
+
+    fn serialize_none(self) -> Result<(), EncodeError> {
+        self.serialize_unit()
+    }
+
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), EncodeError> {
+        value.serialize(Canonical::new(self.out))
+    }
+
+    fn serialize_unit(self) -> Result<(), EncodeError> {
+        self.out.push_str("null");
+        Ok(())
+    }
+
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), EncodeError> {
+        self.serialize_unit()
+    }
+
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), EncodeError> {
+        string(variant, self.out);
+        Ok(())
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, name: &'static str, value: &T) -> Result<(), EncodeError> {
+        value.serialize(Canonical {
+            out: self.out,
+            unordered: name == UNORDERED,
+        })
+    }
+
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        mut self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), EncodeError> {
+        self.variant(variant);
+        value.serialize(Canonical::new(self.out))?;
+        self.out.push('}');
+        Ok(())
+    }
+
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Items<'o>, EncodeError> {
+        Ok(self.items(""))
+    }
+
+    fn serialize_tuple(self, _len: usize) -> Result<Items<'o>, EncodeError> {
+        Ok(self.items(""))
+    }
+
+    fn serialize_tuple_struct(self, _name: &'static str, _len: usize) -> Result<Items<'o>, EncodeError> {
+        // A tuple struct is a struct, not a sequence: in order even when unordered.
+        Ok(Canonical::new(self.out).items(""))
+    }
+
+    fn serialize_tuple_variant(
+        mut self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Items<'o>, EncodeError> {
+        self.variant(variant);
+        Ok(Canonical::new(self.out).items("}"))
+    }
+
+    fn serialize_map(self, _len: Option<usize>) -> Result<Entries<'o>, EncodeError> {
+        Ok(self.entries(""))
+    }
+
+    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Entries<'o>, EncodeError> {
+        Ok(self.entries(""))
+    }
+
+    fn serialize_struct_variant(
+        mut self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Entries<'o>, EncodeError> {
+        self.variant(variant);
+        Ok(self.entries("}"))
+    }
+}
+
+/// A sequence, tuple or tuple struct being written: `[a,b,…]` in order, or, for an
+/// [`Unordered`] one, its items' encodings sorted (a multiset).
+struct Items<'o> {
+    out: &'o mut String,
+    first: bool,
+    /// An unordered collection's items, each encoded into one buffer.
+    multiset: Option<Held>,
+    /// Written after the closing `]`: the `}` of a tuple variant.
+    close: &'static str,
+}
+
+impl Items<'_> {
+    fn item<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        if let Some(held) = &mut self.multiset {
+            let item = held.encode(value)?;
+            held.spans.push((item, 0..0));
+            return Ok(());
+        }
+        if !std::mem::take(&mut self.first) {
+            self.out.push(',');
+        }
+        value.serialize(Canonical::new(self.out))
+    }
+
+    fn close(self) -> Result<(), EncodeError> {
+        if let Some(held) = self.multiset {
+            held.write_sorted(self.out, '[', ']');
+        } else {
+            self.out.push(']');
+        }
+        self.out.push_str(self.close);
+        Ok(())
+    }
+}
+
+/// Encodings held apart to be sorted before they are written: one buffer, and the spans
+/// of each entry's name and value in it (an item of a multiset has only a name).
+#[derive(Default)]
+struct Held {
+    text: String,
+    spans: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+}
+
+impl Held {
+    /// Encode `value` at the end of the buffer; its span.
+    fn encode<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<std::ops::Range<usize>, EncodeError> {
+        let start = self.text.len();
+        value.serialize(Canonical::new(&mut self.text))?;
+        Ok(start..self.text.len())
+    }
+
+    /// `open`, the entries sorted by name then value (`name:value`, or `name` alone
+    /// for an item), `close`.
+    fn write_sorted(mut self, out: &mut String, open: char, close: char) {
+        let text = &self.text;
+        self.spans.sort_unstable_by(|(a, x), (b, y)| {
+            text[a.clone()]
+                .cmp(&text[b.clone()])
+                .then_with(|| text[x.clone()].cmp(&text[y.clone()]))
+        });
+        out.push(open);
+        for (i, (name, value)) in self.spans.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&text[name.clone()]);
+            if !value.is_empty() {
+                out.push(':');
+                out.push_str(&text[value.clone()]);
+            }
+        }
+        out.push(close);
+    }
+}
+
+impl serde::ser::SerializeSeq for Items<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        self.item(value)
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeTuple for Items<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        self.item(value)
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeTupleStruct for Items<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        self.item(value)
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeTupleVariant for Items<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        self.item(value)
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
+}
+
+/// A map, struct or struct variant being written: `{name:value,…}`, sorted by encoded
+/// name, and by encoded value among equal names.
+struct Entries<'o> {
+    out: &'o mut String,
+    held: Held,
+    /// A map key waiting for its value: its span.
+    name: Option<std::ops::Range<usize>>,
+    /// Written after the closing `}`: the `}` of a struct variant.
+    close: &'static str,
+}
+
+impl Entries<'_> {
+    fn close(self) -> Result<(), EncodeError> {
+        self.held.write_sorted(self.out, '{', '}');
+        self.out.push_str(self.close);
+        Ok(())
+    }
+
+    fn field<T: Serialize + ?Sized>(&mut self, name: &str, value: &T) -> Result<(), EncodeError> {
+        let start = self.held.text.len();
+        string(name, &mut self.held.text);
+        let name = start..self.held.text.len();
+        let value = self.held.encode(value)?;
+        self.held.spans.push((name, value));
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeMap for Entries<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), EncodeError> {
+        self.name = Some(self.held.encode(key)?);
+        Ok(())
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+        let name = self
+            .name
+            .take()
+            .ok_or_else(|| EncodeError("a map value without its key".to_owned()))?;
+        let value = self.held.encode(value)?;
+        self.held.spans.push((name, value));
+        Ok(())
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeStruct for Entries<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), EncodeError> {
+        self.field(name, value)
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
+}
+
+impl serde::ser::SerializeStructVariant for Entries<'_> {
+    type Ok = ();
+    type Error = EncodeError;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), EncodeError> {
+        self.field(name, value)
+    }
+
+    fn end(self) -> Result<(), EncodeError> {
+        self.close()
+    }
 }
 
 fn string(text: &str, out: &mut String) {
@@ -169,63 +566,159 @@ fn string(text: &str, out: &mut String) {
     }
 }
 
-fn number_text(number: &Number, out: &mut String) {
-    let _ = match *number {
-        Number::I8(n) => write!(out, "{n}"),
-        Number::U8(n) => write!(out, "{n}"),
-        Number::I16(n) => write!(out, "{n}"),
-        Number::U16(n) => write!(out, "{n}"),
-        Number::I32(n) => write!(out, "{n}"),
-        Number::U32(n) => write!(out, "{n}"),
-        Number::I64(n) => write!(out, "{n}"),
-        Number::U64(n) => write!(out, "{n}"),
-        Number::I128(n) => write!(out, "{n}"),
-        Number::U128(n) => write!(out, "{n}"),
-        // `{:?}` is the shortest text that reads back as the same float.
-        Number::F32(n) => write!(out, "{:?}", f64::from(n)),
-        Number::F64(n) => write!(out, "{n:?}"),
-        _ => write!(out, "{number:?}"),
-    };
-}
-
-/// `[a,b,…]`, in order.
-fn list<'a>(items: impl Iterator<Item = Node<'a>>, out: &mut String) {
-    out.push('[');
-    for (i, item) in items.enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        item.write(out);
-    }
-    out.push(']');
-}
-
-/// `[a,b,…]`, the items' encodings sorted: a multiset.
-fn multiset(items: &[Value<'_>], out: &mut String) {
-    let mut items: Vec<String> = items.iter().map(encoded).collect();
-    items.sort_unstable();
-    out.push('[');
-    out.push_str(&items.join(","));
-    out.push(']');
-}
-
-/// `{name:value,…}`, sorted by name, and by value among equal names.
-fn map(mut entries: Vec<(String, Node<'_>)>, out: &mut String) {
-    entries.sort_unstable_by(|(a, x), (b, y)| a.cmp(b).then_with(|| x.encoded().cmp(&y.encoded())));
-    out.push('{');
-    for (i, (name, value)) in entries.into_iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(&name);
-        out.push(':');
-        value.write(out);
-    }
-    out.push('}');
-}
-
 #[cfg(test)]
 mod tests {
+    /// The encoding as it was computed before: through a tree of the value.
+    mod reference {
+        use std::fmt::Write as _;
+
+        use serde::Serialize;
+        use serde_content::{Data, Number, Value};
+
+        use super::super::{string, UNORDERED};
+
+        fn quoted(text: &str) -> String {
+            let mut out = String::with_capacity(text.len() + 2);
+            string(text, &mut out);
+            out
+        }
+
+        /// The canonical encoding through a tree of the value (`serde-content`), as it was
+        /// computed before it was written while serde walks the value: the reference the
+        /// streaming encoder is checked against.
+        pub(super) fn by_tree<P: Serialize + ?Sized>(payload: &P) -> String {
+            let value = serde_content::Serializer::new()
+                .human_readable()
+                .serialize(payload)
+                .unwrap();
+            let mut text = String::new();
+            canonical(&value, &mut text);
+            text
+        }
+
+        fn canonical(value: &Value<'_>, out: &mut String) {
+            match value {
+                Value::Unit | Value::Option(None) => out.push_str("null"),
+                Value::Option(Some(inner)) => canonical(inner, out),
+                Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                Value::Number(number) => number_text(number, out),
+                Value::Char(c) => string(c.encode_utf8(&mut [0; 4]), out),
+                Value::String(s) => string(s, out),
+                Value::Bytes(bytes) => list(bytes.iter().map(|b| Node::Byte(*b)), out),
+                Value::Seq(items) | Value::Tuple(items) => list(items.iter().map(Node::Value), out),
+                Value::Map(entries) => map(entries.iter().map(|(k, v)| (encoded(k), Node::Value(v))).collect(), out),
+                Value::Struct(s) if s.name == UNORDERED => match &s.data {
+                    Data::NewType {
+                        value: Value::Seq(items) | Value::Tuple(items),
+                    } => multiset(items, out),
+                    other => data(other, out),
+                },
+                Value::Struct(s) => data(&s.data, out),
+                Value::Enum(e) => match &e.data {
+                    Data::Unit => string(&e.variant, out),
+                    other => map(vec![(quoted(&e.variant), Node::Data(other))], out),
+                },
+            }
+        }
+
+        fn data(data: &Data<'_>, out: &mut String) {
+            match data {
+                Data::Unit => out.push_str("null"),
+                Data::NewType { value } => canonical(value, out),
+                Data::Tuple { values } => list(values.iter().map(Node::Value), out),
+                Data::Struct { fields } => map(
+                    fields.iter().map(|(name, v)| (quoted(name), Node::Value(v))).collect(),
+                    out,
+                ),
+            }
+        }
+
+        /// What a list or a map holds, written in place.
+        #[derive(Clone, Copy)]
+        enum Node<'a> {
+            Value(&'a Value<'a>),
+            Data(&'a Data<'a>),
+            Byte(u8),
+        }
+
+        impl Node<'_> {
+            fn write(self, out: &mut String) {
+                match self {
+                    Node::Value(value) => canonical(value, out),
+                    Node::Data(inner) => data(inner, out),
+                    Node::Byte(b) => {
+                        let _ = write!(out, "{b}");
+                    }
+                }
+            }
+
+            fn encoded(self) -> String {
+                let mut out = String::new();
+                self.write(&mut out);
+                out
+            }
+        }
+
+        fn encoded(value: &Value<'_>) -> String {
+            Node::Value(value).encoded()
+        }
+
+        fn number_text(number: &Number, out: &mut String) {
+            let _ = match *number {
+                Number::I8(n) => write!(out, "{n}"),
+                Number::U8(n) => write!(out, "{n}"),
+                Number::I16(n) => write!(out, "{n}"),
+                Number::U16(n) => write!(out, "{n}"),
+                Number::I32(n) => write!(out, "{n}"),
+                Number::U32(n) => write!(out, "{n}"),
+                Number::I64(n) => write!(out, "{n}"),
+                Number::U64(n) => write!(out, "{n}"),
+                Number::I128(n) => write!(out, "{n}"),
+                Number::U128(n) => write!(out, "{n}"),
+                // `{:?}` is the shortest text that reads back as the same float.
+                Number::F32(n) => write!(out, "{:?}", f64::from(n)),
+                Number::F64(n) => write!(out, "{n:?}"),
+                _ => write!(out, "{number:?}"),
+            };
+        }
+
+        /// `[a,b,…]`, in order.
+        fn list<'a>(items: impl Iterator<Item = Node<'a>>, out: &mut String) {
+            out.push('[');
+            for (i, item) in items.enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                item.write(out);
+            }
+            out.push(']');
+        }
+
+        /// `[a,b,…]`, the items' encodings sorted: a multiset.
+        fn multiset(items: &[Value<'_>], out: &mut String) {
+            let mut items: Vec<String> = items.iter().map(encoded).collect();
+            items.sort_unstable();
+            out.push('[');
+            out.push_str(&items.join(","));
+            out.push(']');
+        }
+
+        /// `{name:value,…}`, sorted by name, and by value among equal names.
+        fn map(mut entries: Vec<(String, Node<'_>)>, out: &mut String) {
+            entries.sort_unstable_by(|(a, x), (b, y)| a.cmp(b).then_with(|| x.encoded().cmp(&y.encoded())));
+            out.push('{');
+            for (i, (name, value)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&name);
+                out.push(':');
+                value.write(out);
+            }
+            out.push('}');
+        }
+    }
+
     use std::collections::{BTreeMap, HashMap, HashSet};
 
     use super::*;
@@ -393,6 +886,121 @@ mod tests {
             "0dbcd1190767ce8c49b7068fd2191cf1e865a70f91ebf9e3f548475b946f0fed",
             "the canonical encoding changed"
         );
+    }
+
+    /// The streaming encoding of `payload`.
+    fn streamed<P: Serialize + ?Sized>(payload: &P) -> String {
+        let mut out = String::new();
+        payload.serialize(Canonical::new(&mut out)).unwrap();
+        out
+    }
+
+    #[test]
+    fn the_streaming_encoding_is_the_tree_encoding_for_every_shape() {
+        #[derive(Serialize, Clone)]
+        struct Wrapper(Vec<u8>);
+        #[derive(Serialize)]
+        struct Unit;
+        #[derive(Serialize)]
+        struct Empty {}
+        #[derive(Serialize)]
+        struct Pair(u8, &'static str);
+        #[derive(Serialize)]
+        enum Kind {
+            Card,
+            Wire { iban: &'static str, at: Option<u8> },
+            Split(u8, i8),
+            Note(String),
+        }
+        /// A map that writes one key twice, as a multimap's `Serialize` may.
+        struct Twice;
+        impl Serialize for Twice {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap;
+                let mut map = serializer.serialize_map(None)?;
+                map.serialize_entry("k", &2)?;
+                map.serialize_entry("k", &1)?;
+                map.serialize_entry("a", &[3, 1])?;
+                map.end()
+            }
+        }
+        let set: HashSet<&str> = ["x", "y", "z"].into_iter().collect();
+        let by_number: HashMap<i64, &str> = [(10, "ten"), (-2, "minus two"), (3, "three")].into_iter().collect();
+        let check = |what: &str, text: String, reference: String| assert_eq!(text, reference, "{what}");
+        macro_rules! same {
+            ($($value:expr),+ $(,)?) => {$(
+                check(stringify!($value), streamed(&$value), reference::by_tree(&$value));
+            )+};
+        }
+        same!(
+            every_shape(),
+            json!({"amount": 199, "to": {"bank": "x\ny", "acct": [1, 2.5, null, true, {}, []]}}),
+            (),
+            Unit,
+            Empty {},
+            Pair(1, "a"),
+            Wrapper(vec![3, 1, 2]),
+            [Kind::Card, Kind::Note("n".into()), Kind::Split(1, -1)],
+            Kind::Wire {
+                iban: "DE",
+                at: Some(3)
+            },
+            Some(Some(7u8)),
+            None::<u8>,
+            'x',
+            "\u{0}\u{1f}\"\\é",
+            f32::MIN_POSITIVE,
+            -0.0f64,
+            1e300f64,
+            u128::MAX,
+            i128::MIN,
+            Unordered(set.clone()),
+            Unordered(Unordered(vec![3, 1, 2])),
+            Unordered(Some(vec![3, 1, 2])),
+            Unordered(Wrapper(vec![3, 1, 2])),
+            Unordered(Pair(2, "b")),
+            Unordered([[2, 1], [1, 2]]),
+            Unordered((3, "c", 1)),
+            Unordered(vec![Kind::Split(2, 1), Kind::Card, Kind::Wire { iban: "A", at: None }]),
+            Unordered(json!({"b": [2, 1], "a": 1})),
+            Unordered(vec![json!({"b": 1}), json!([2, 1])]),
+            vec![Unordered(vec![2, 1]), Unordered(vec![1, 2])],
+            by_number,
+            Twice,
+            BTreeMap::from([(vec![2, 1], "list key"), (vec![1], "short")]),
+            BTreeMap::from([((1, 2), Unordered(vec!["b", "a"]))]),
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_streaming_encoding_is_the_tree_encoding_for_any_json(value in json_value()) {
+            proptest::prop_assert_eq!(streamed(&value), reference::by_tree(&value));
+            proptest::prop_assert_eq!(streamed(&Unordered(&value)), reference::by_tree(&Unordered(&value)));
+        }
+    }
+
+    /// Any JSON document of a few levels: every kind of value, keys that need escaping.
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            "\\PC{0,8}".prop_map(serde_json::Value::String),
+            "[\\x00-\\x7f]{0,6}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                proptest::collection::btree_map("[a-c\"\\\\ ]{0,3}", inner, 0..6)
+                    .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
+            ]
+        })
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub(crate) mod transaction;
 
 use std::fmt::Display;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
@@ -30,48 +31,95 @@ pub(crate) use flight::open_flights;
 impl Idempotent {
     /// Run `body` at most once for `key` on this operation's store (or the installed
     /// one): claim, execute, record — or replay, reject, wait, as the crate docs say.
-    pub async fn execute<T, E, F>(&self, key: impl Display, body: F) -> Result<T, E>
+    pub fn execute<'a, K, T, E, F>(
+        &'a self,
+        key: K,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + use<'a, K, T, E, F>
     where
+        K: Display,
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        match self.store_or_installed() {
-            Ok(store) => self.execute_on(&store, key, body).await,
-            Err(error) => Err(error.into()),
-        }
+        let store = CallStore::Found(self.store_or_installed());
+        call(self, store, key.to_string(), body, |_: &E| failure_of_type::<E>())
     }
 
     /// [`execute`](Self::execute) on the given `store`: any `Clone` store (the SQL
     /// stores, `MemoryStore`, `CachedStore`, `Arc<dyn IdempotencyStore>`), so that a
     /// finished body's outcome can still be recorded if this call is dropped.
-    pub async fn execute_on<S, T, E, F>(&self, store: &S, key: impl Display, body: F) -> Result<T, E>
+    pub fn execute_on<'a, S, K, T, E, F>(
+        &'a self,
+        store: &'a S,
+        key: K,
+        body: F,
+    ) -> impl Future<Output = Result<T, E>> + use<'a, S, K, T, E, F>
     where
         S: OwnedStore,
+        K: Display,
         T: Serialize + DeserializeOwned,
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        self.run_on(store, key.to_string(), body, |_: &E| failure_of_type::<E>())
-            .await
+        call(self, CallStore::Given(store), key.to_string(), body, |_: &E| {
+            failure_of_type::<E>()
+        })
     }
+}
 
-    /// The call itself, with the way a failure is described in a `FAIL` record.
-    pub(crate) async fn run_on<T, E, F>(
-        &self,
-        store: &dyn OwnedStore,
-        key: String,
-        body: F,
-        describe: Describe<E>,
-    ) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-        F: Future<Output = Result<T, E>>,
-    {
-        let call = Call { op: self, store, key };
-        call.run(body, describe).await
-    }
+/// The store a call runs on: the one it was given, or the operation's own or the
+/// installed one (or why there is none).
+pub(crate) enum CallStore<'a> {
+    Given(&'a dyn OwnedStore),
+    Found(Result<std::sync::Arc<dyn crate::store::IdempotencyStore>, Error>),
+}
+
+/// The call itself, with the way a failure is described in a `FAIL` record, in its span.
+///
+/// The body is held once in the returned future: every layer between the public entry
+/// points and the body's own poll is a plain function or takes the body pinned, so a
+/// body of a few kilobytes (an HTTP handler, a transaction) is neither copied layer by
+/// layer nor held several times over.
+pub(crate) fn call<'a, T, E, F>(
+    op: &'a Idempotent,
+    store: CallStore<'a>,
+    key: String,
+    body: F,
+    describe: Describe<E>,
+) -> impl Future<Output = Result<T, E>> + use<'a, T, E, F>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    let span = observe::call_span(&op.biz, &key);
+    run(op, store, key, body, describe).instrument(span)
+}
+
+async fn run<T, E, F>(
+    op: &Idempotent,
+    store: CallStore<'_>,
+    key: String,
+    body: F,
+    describe: Describe<E>,
+) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: Future<Output = Result<T, E>>,
+{
+    let found;
+    let store: &dyn OwnedStore = match store {
+        CallStore::Given(store) => store,
+        CallStore::Found(Ok(store)) => {
+            found = store;
+            &found
+        }
+        CallStore::Found(Err(error)) => return Err(error.into()),
+    };
+    let body = std::pin::pin!(body);
+    Call { op, store, key }.run(body, describe).await
 }
 
 /// The `FAIL` message of an error known only by its type.
@@ -91,21 +139,11 @@ pub(crate) struct Call<'a> {
 
 impl Call<'_> {
     /// Claim → execute → record, or answer from the record that stands in the way.
-    pub(crate) async fn run<T, E, F>(self, body: F, describe: Describe<E>) -> Result<T, E>
+    async fn run<T, E, F>(self, body: Pin<&mut F>, describe: Describe<E>) -> Result<T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
-        F: std::future::Future<Output = Result<T, E>>,
-    {
-        let span = observe::call_span(&self.op.biz, &self.key);
-        self.run_observed(body, describe).instrument(span).await
-    }
-
-    async fn run_observed<T, E, F>(self, body: F, describe: Describe<E>) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-        F: std::future::Future<Output = Result<T, E>>,
+        F: Future<Output = Result<T, E>>,
     {
         let biz = &self.op.biz;
         let refused = |error: Error| {

@@ -161,9 +161,8 @@ impl Idempotent {
 impl TransactionClaim<'_> {
     /// Run the body inside the call's context ([`context()`](crate::context) names the
     /// claim; [`step`](crate::step) refuses, since the transaction is the record).
-    pub async fn run<F: Future>(&self, body: F) -> F::Output {
-        let context = Context::new(self.lease.clone(), None);
-        context.scope(body).await
+    pub fn run<F: Future>(&self, body: F) -> impl Future<Output = F::Output> {
+        Context::new(self.lease.clone(), None).scope(body)
     }
 
     /// Write the body's outcome into the transaction: `SUCCESS` with the value, or per
