@@ -160,8 +160,8 @@ pub fn store<'a, S: StoreValue<'a> + ?Sized>(store: &S) -> StoreHandle<'a> {
 
 /// Run the body of an `#[idempotent]` fn; `describe` words an `Err` for a `FAIL` record.
 ///
-/// A plain function: the body is held once, in the call's future (see
-/// [`call`](crate::call)).
+/// A plain function, not an `async fn`: the body is handed on to the call's future,
+/// not held in one more.
 pub fn run<'a, R, F>(
     op: &'a Idempotent,
     store: Option<&'a dyn OwnedStore>,

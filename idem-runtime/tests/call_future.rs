@@ -17,8 +17,8 @@ fn heavy_body() -> impl Future<Output = Result<u8, Error>> {
     }
 }
 
-fn light_body() -> impl Future<Output = Result<u8, Error>> {
-    async { Ok(1) }
+async fn light_body() -> Result<u8, Error> {
+    Ok(1)
 }
 
 /// How many bytes the call's future grows by with the heavy body, against the light one,
