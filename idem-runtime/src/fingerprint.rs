@@ -424,57 +424,30 @@ impl Held {
     }
 }
 
-impl serde::ser::SerializeSeq for Items<'_> {
-    type Ok = ();
-    type Error = EncodeError;
+/// serde's four traits for a sequence-like value, each handing its items to [`Items`].
+macro_rules! items {
+    ($($serialize:ident :: $item:ident),+) => {$(
+        impl serde::ser::$serialize for Items<'_> {
+            type Ok = ();
+            type Error = EncodeError;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
-        self.item(value)
-    }
+            fn $item<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
+                self.item(value)
+            }
 
-    fn end(self) -> Result<(), EncodeError> {
-        self.close()
-    }
+            fn end(self) -> Result<(), EncodeError> {
+                self.close()
+            }
+        }
+    )+};
 }
 
-impl serde::ser::SerializeTuple for Items<'_> {
-    type Ok = ();
-    type Error = EncodeError;
-
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
-        self.item(value)
-    }
-
-    fn end(self) -> Result<(), EncodeError> {
-        self.close()
-    }
-}
-
-impl serde::ser::SerializeTupleStruct for Items<'_> {
-    type Ok = ();
-    type Error = EncodeError;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
-        self.item(value)
-    }
-
-    fn end(self) -> Result<(), EncodeError> {
-        self.close()
-    }
-}
-
-impl serde::ser::SerializeTupleVariant for Items<'_> {
-    type Ok = ();
-    type Error = EncodeError;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), EncodeError> {
-        self.item(value)
-    }
-
-    fn end(self) -> Result<(), EncodeError> {
-        self.close()
-    }
-}
+items!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 /// A map, struct or struct variant being written: `{name:value,…}`, sorted by encoded
 /// name, and by encoded value among equal names.
@@ -528,31 +501,25 @@ impl serde::ser::SerializeMap for Entries<'_> {
     }
 }
 
-impl serde::ser::SerializeStruct for Entries<'_> {
-    type Ok = ();
-    type Error = EncodeError;
+/// serde's two traits for a struct-like value, each handing its fields to [`Entries`].
+macro_rules! fields {
+    ($($serialize:ident),+) => {$(
+        impl serde::ser::$serialize for Entries<'_> {
+            type Ok = ();
+            type Error = EncodeError;
 
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), EncodeError> {
-        self.field(name, value)
-    }
+            fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), EncodeError> {
+                self.field(name, value)
+            }
 
-    fn end(self) -> Result<(), EncodeError> {
-        self.close()
-    }
+            fn end(self) -> Result<(), EncodeError> {
+                self.close()
+            }
+        }
+    )+};
 }
 
-impl serde::ser::SerializeStructVariant for Entries<'_> {
-    type Ok = ();
-    type Error = EncodeError;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, name: &'static str, value: &T) -> Result<(), EncodeError> {
-        self.field(name, value)
-    }
-
-    fn end(self) -> Result<(), EncodeError> {
-        self.close()
-    }
-}
+fields!(SerializeStruct, SerializeStructVariant);
 
 fn string(text: &str, out: &mut String) {
     // serde_json's escaping: the same text always gives the same bytes. Text with
