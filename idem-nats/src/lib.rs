@@ -1,0 +1,1 @@
+//! Idempotent NATS JetStream consumers over idem's stores (in progress).
