@@ -1,0 +1,127 @@
+//! A three-node JetStream cluster with a node killed mid-load: every message one effect.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures_util::StreamExt;
+use idem_runtime::{Error, Idempotent, MemoryStore};
+
+const MESSAGES: usize = 2000;
+
+fn nats_script(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/start-nats");
+    let status = std::process::Command::new("bash").arg(script).args(args).status().unwrap();
+    assert!(status.success(), "start-nats {args:?} failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
+    let Ok(urls) = std::env::var("IDEM_TEST_NATS_CLUSTER_URLS") else {
+        println!("NOT RUN: IDEM_TEST_NATS_CLUSTER_URLS is unset (start it with `eval \"$(.ci/start-nats)\"`)");
+        assert!(std::env::var_os("CI").is_none(), "CI must run the NATS cluster tests");
+        return;
+    };
+    let servers: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();
+    let connect = || async_nats::ConnectOptions::new().retry_on_initial_connect().connect(servers.clone());
+    let js = jetstream::new(connect().await.unwrap());
+    let name = format!("cluster_{}", std::process::id());
+    let subject = format!("{name}.orders");
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject.clone()],
+            num_replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let consumer = stream
+        .get_or_create_consumer(
+            "credit",
+            pull::Config {
+                durable_name: Some("credit".into()),
+                ack_wait: Duration::from_secs(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+
+    let publisher = {
+        let js = jetstream::new(connect().await.unwrap());
+        let subject = subject.clone();
+        tokio::spawn(async move {
+            let mut retried = 0;
+            for i in 0..MESSAGES {
+                loop {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert("Nats-Msg-Id", format!("order-{i}").as_str());
+                    let sent = async {
+                        js.publish_with_headers(subject.clone(), headers, i.to_string().into()).await?.await
+                    };
+                    match tokio::time::timeout(Duration::from_secs(3), sent).await {
+                        Ok(Ok(_)) => break,
+                        _ => {
+                            retried += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+            retried
+        })
+    };
+
+    let credit = Idempotent::new("credit").store(Arc::new(MemoryStore::new()));
+    let effects: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let started = Instant::now();
+    let mut killed = false;
+    let mut deliveries = 0usize;
+    while effects.lock().unwrap().len() < MESSAGES {
+        assert!(started.elapsed() < Duration::from_secs(120), "the load did not finish");
+        if !killed && effects.lock().unwrap().len() > MESSAGES / 3 {
+            nats_script(&["kill", "2"]);
+            killed = true;
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                tokio::task::spawn_blocking(|| nats_script(&["start", "2"])).await.unwrap();
+            });
+        }
+        let batch = match consumer.fetch().max_messages(100).expires(Duration::from_secs(1)).messages().await {
+            Ok(batch) => batch,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let mut batch = std::pin::pin!(batch);
+        while let Some(message) = batch.next().await {
+            let Ok(message) = message else { break };
+            deliveries += 1;
+            let key = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).unwrap().to_string();
+            let (effects, counted) = (effects.clone(), key.clone());
+            let ran = credit
+                .execute(&key, async move {
+                    *effects.lock().unwrap().entry(counted).or_default() += 1;
+                    Ok::<_, Error>(())
+                })
+                .await;
+            if ran.is_ok() {
+                // Acked only once recorded; a lost ack is a redelivery the records answer.
+                let _ = message.double_ack().await;
+            }
+        }
+    }
+    let retried = publisher.await.unwrap();
+    let effects = effects.lock().unwrap();
+    let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "keys with other than one effect: {twice:?}");
+    assert_eq!(effects.len(), MESSAGES);
+    println!(
+        "{MESSAGES} messages, a node killed mid-load: {deliveries} deliveries, {retried} publishes retried, every message one effect, in {:.1?}",
+        started.elapsed()
+    );
+    let _ = js.delete_stream(&name).await;
+}
