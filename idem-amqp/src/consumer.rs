@@ -12,7 +12,7 @@ use futures_util::{FutureExt, StreamExt};
 use idem_runtime::observe::shown_key;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::Channel;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
@@ -265,6 +265,7 @@ impl Consumer {
             return self.settle(&delivery, Disposition::Final).await;
         };
         let key = message.key.clone();
+        let delivered_before = delivered_before(&delivery);
         let disposition = match AssertUnwindSafe(handler(message)).catch_unwind().await {
             Ok(answer) => {
                 let disposition = Disposition::of(&answer);
@@ -279,7 +280,7 @@ impl Consumer {
                         }
                     }
                 }
-                self.counted(&key, disposition, body_failed)
+                self.counted(&key, disposition, body_failed, delivered_before)
             }
             Err(panic) => {
                 let what = panic
@@ -288,15 +289,17 @@ impl Consumer {
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 warn!(queue = %self.queue, key = %shown_key(&key), panic = %what, "the handler panicked; the message is not settled");
-                self.counted(&key, Disposition::Redeliver, true)
+                self.counted(&key, Disposition::Redeliver, true, delivered_before)
             }
         };
         self.settle(&delivery, disposition).await;
     }
 
     /// `disposition`, once this run is counted: a body that failed again past
-    /// `max_attempts` makes it final.
-    fn counted(&self, key: &str, disposition: Disposition, body_failed: bool) -> Disposition {
+    /// `max_attempts` makes it final. A quorum queue counts the message's earlier
+    /// deliveries to every consumer (`delivered_before`): this run is at least the next
+    /// one, so a fleet of consumers, or one restarted, still stops at the bound.
+    fn counted(&self, key: &str, disposition: Disposition, body_failed: bool, delivered_before: u32) -> Disposition {
         let mut attempts = self.attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if disposition != Disposition::Redeliver {
             attempts.remove(key);
@@ -310,7 +313,7 @@ impl Consumer {
         }
         let failed = attempts.entry(key.to_owned()).or_default();
         *failed += 1;
-        if *failed < self.max_attempts {
+        if (*failed).max(delivered_before.saturating_add(1)) < self.max_attempts {
             return disposition;
         }
         attempts.remove(key);
@@ -425,4 +428,26 @@ pub struct ConsumerStats {
     pub failed: u64,
     /// Sessions that ended (the broker went away) and were started again.
     pub sessions_lost: u64,
+}
+
+/// How many times the broker delivered this message before: a quorum queue's
+/// `x-delivery-count` header (0 on its first delivery, and on a classic queue, which
+/// keeps no count).
+fn delivered_before(delivery: &Delivery) -> u32 {
+    let count = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count").cloned());
+    let count = match count {
+        Some(AMQPValue::LongLongInt(n)) => n,
+        Some(AMQPValue::LongInt(n)) => i64::from(n),
+        Some(AMQPValue::ShortInt(n)) => i64::from(n),
+        Some(AMQPValue::ShortShortInt(n)) => i64::from(n),
+        Some(AMQPValue::LongUInt(n)) => i64::from(n),
+        Some(AMQPValue::ShortUInt(n)) => i64::from(n),
+        Some(AMQPValue::ShortShortUInt(n)) => i64::from(n),
+        _ => 0,
+    };
+    u32::try_from(count.max(0)).unwrap_or(u32::MAX)
 }

@@ -1043,3 +1043,89 @@ async fn a_relay_claim_never_holds_back_a_business_insert_on_mariadb() {
     assert!(inserted.is_ok(), "a business insert waited for the relay's open claim");
     claim.rollback().await.unwrap();
 }
+
+/// A poison message on a quorum queue meets the policy after `max_attempts` deliveries
+/// in all, however many consumers ran it: the queue's `x-delivery-count` carries the
+/// count past a consumer that stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_on_a_quorum_queue_is_bounded_across_consumers() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.poison_quorum";
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let dead = format!("{queue}.dead");
+    for name in [queue, dead.as_str()] {
+        channel
+            .queue_delete(name.into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    let mut arguments = FieldTable::default();
+    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    arguments.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    arguments.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString(dead.as_str().into()),
+    );
+    channel.queue_declare(queue.into(), durable, arguments).await.unwrap();
+    channel
+        .queue_declare(dead.as_str().into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    publish(&channel, queue, Some("poison"), br#"{"points": 1}"#).await;
+
+    let op = Idempotent::new("amqp.poison_quorum").store(Arc::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicU32::new(0));
+    // The first consumer fails the body twice, then holds its third delivery until it
+    // is stopped: the broker has delivered the message three times.
+    let (held_tx, held) = tokio::sync::oneshot::channel::<()>();
+    let held_tx = Arc::new(Mutex::new(Some(held_tx)));
+    let first = Consumer::new(&url, queue)
+        .prefetch(1)
+        .redeliver_after(Duration::from_millis(50))
+        .max_attempts(4);
+    let stop_first = spawn(first.clone(), {
+        let (op, runs) = (op.clone(), runs.clone());
+        move |message: Message<Value>| {
+            let (op, runs, held_tx) = (op.clone(), runs.clone(), held_tx.clone());
+            Box::pin(async move {
+                if runs.load(Ordering::SeqCst) == 2 {
+                    if let Some(held) = held_tx.lock().unwrap().take() {
+                        let _ = held.send(());
+                    }
+                    std::future::pending::<()>().await;
+                }
+                op.execute(&message.key, async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Err::<Value, _>(CreditError::Refused)
+                })
+                .await
+            }) as Answer
+        }
+    });
+    held.await.unwrap();
+    drop(stop_first);
+    // A second consumer, counting afresh in its own process.
+    let second = Consumer::new(&url, queue)
+        .prefetch(1)
+        .redeliver_after(Duration::from_millis(50))
+        .max_attempts(4);
+    let _stop = spawn(second.clone(), counted(op, runs.clone(), Duration::ZERO, true));
+    let stats = until(&second, |s| s.failed == 1).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "two failed runs in the first consumer, one in the second on the message's fourth delivery: {stats:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while waiting(&channel, &dead).await != 1 {
+        assert!(Instant::now() < deadline, "the poison message was not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -12,7 +12,11 @@ const MESSAGES: usize = 2000;
 
 fn nats_script(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/start-nats");
-    let status = std::process::Command::new("bash").arg(script).args(args).status().unwrap();
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .status()
+        .unwrap();
     assert!(status.success(), "start-nats {args:?} failed");
 }
 
@@ -24,7 +28,11 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
         return;
     };
     let servers: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();
-    let connect = || async_nats::ConnectOptions::new().retry_on_initial_connect().connect(servers.clone());
+    let connect = || {
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(servers.clone())
+    };
     let js = jetstream::new(connect().await.unwrap());
     let name = format!("cluster_{}", std::process::id());
     let subject = format!("{name}.orders");
@@ -59,7 +67,9 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
                     let mut headers = async_nats::HeaderMap::new();
                     headers.insert("Nats-Msg-Id", format!("order-{i}").as_str());
                     let sent = async {
-                        js.publish_with_headers(subject.clone(), headers, i.to_string().into()).await?.await
+                        js.publish_with_headers(subject.clone(), headers, i.to_string().into())
+                            .await?
+                            .await
                     };
                     match tokio::time::timeout(Duration::from_secs(3), sent).await {
                         Ok(Ok(_)) => break,
@@ -86,10 +96,18 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
             killed = true;
             tokio::spawn(async {
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                tokio::task::spawn_blocking(|| nats_script(&["start", "2"])).await.unwrap();
+                tokio::task::spawn_blocking(|| nats_script(&["start", "2"]))
+                    .await
+                    .unwrap();
             });
         }
-        let batch = match consumer.fetch().max_messages(100).expires(Duration::from_secs(1)).messages().await {
+        let batch = match consumer
+            .fetch()
+            .max_messages(100)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+        {
             Ok(batch) => batch,
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -100,7 +118,12 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
         while let Some(message) = batch.next().await {
             let Ok(message) = message else { break };
             deliveries += 1;
-            let key = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).unwrap().to_string();
+            let key = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .unwrap()
+                .to_string();
             let (effects, counted) = (effects.clone(), key.clone());
             let ran = credit
                 .execute(&key, async move {
@@ -115,10 +138,12 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
         }
     }
     let retried = publisher.await.unwrap();
-    let effects = effects.lock().unwrap();
-    let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "keys with other than one effect: {twice:?}");
-    assert_eq!(effects.len(), MESSAGES);
+    {
+        let effects = effects.lock().unwrap();
+        let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
+        assert!(twice.is_empty(), "keys with other than one effect: {twice:?}");
+        assert_eq!(effects.len(), MESSAGES);
+    }
     println!(
         "{MESSAGES} messages, a node killed mid-load: {deliveries} deliveries, {retried} publishes retried, every message one effect, in {:.1?}",
         started.elapsed()

@@ -33,13 +33,23 @@ async fn a_republish_after_the_duplicate_window_is_absorbed_by_the_records() {
         async move {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", id);
-            js.publish_with_headers(subject, headers, "7".into()).await.unwrap().await.unwrap()
+            js.publish_with_headers(subject, headers, "7".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap()
         }
     };
     assert!(!publish("order-7").await.duplicate);
-    assert!(publish("order-7").await.duplicate, "within its window the broker drops the copy");
+    assert!(
+        publish("order-7").await.duplicate,
+        "within its window the broker drops the copy"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!publish("order-7").await.duplicate, "after its window the broker takes it again");
+    assert!(
+        !publish("order-7").await.duplicate,
+        "after its window the broker takes it again"
+    );
 
     let consumer = stream
         .create_consumer(pull::Config {
@@ -54,7 +64,12 @@ async fn a_republish_after_the_duplicate_window_is_absorbed_by_the_records() {
     let mut delivered = 0;
     while let Some(message) = messages.next().await {
         let message = message.unwrap();
-        let key = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).unwrap().to_string();
+        let key = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .unwrap()
+            .to_string();
         let effects = effects.clone();
         credit
             .execute(&key, async move {
