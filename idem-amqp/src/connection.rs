@@ -23,38 +23,88 @@ where
     Arc::new(move |channel| Box::pin(declare(channel)))
 }
 
-/// Where the sessions connect, and with what: the broker's URL and the application's
-/// connection properties (its client properties, authentication, locale).
+/// Where the sessions connect, and with what: the broker's URL (or its cluster's nodes'
+/// URLs, separated by commas) and the application's connection properties (its client
+/// properties, authentication, locale).
 #[derive(Clone)]
 pub(crate) struct Broker {
     pub(crate) url: String,
+    /// The nodes, in the order given.
+    nodes: Arc<[String]>,
+    /// The node the next session tries first: the one after the node the last session
+    /// lost, so that a dead node is tried last.
+    next: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) properties: ConnectionProperties,
 }
 
 impl Broker {
-    /// The broker at `url`, with lapin's default properties.
+    /// The broker at `url` (one URL, or several separated by commas), with lapin's
+    /// default properties.
     pub(crate) fn new(url: String) -> Self {
         Self {
+            nodes: nodes_of(&url).into(),
             url,
+            next: Arc::default(),
             properties: ConnectionProperties::default(),
         }
     }
 }
 
-/// A connection to `broker`, named `name` in the broker's connection list, and a channel
-/// on it with the topology declared.
+/// The nodes' URLs in `url`: split at each comma that starts another `amqp://` or
+/// `amqps://` URL (a comma inside a URL stays in it).
+fn nodes_of(url: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = Vec::new();
+    for part in url.split(',') {
+        let trimmed = part.trim();
+        match nodes.last_mut() {
+            Some(last) if !(trimmed.starts_with("amqp://") || trimmed.starts_with("amqps://")) => {
+                last.push(',');
+                last.push_str(part);
+            }
+            _ => nodes.push(trimmed.to_owned()),
+        }
+    }
+    nodes
+}
+
+/// A connection to `broker` (the first of its nodes that answers, from the one after
+/// the node last lost), named `name` in the broker's connection list, and a channel on
+/// it with the topology declared.
 pub(crate) async fn open(
     broker: &Broker,
     name: &str,
     declare: Option<&Setup>,
 ) -> Result<(Connection, Channel), lapin::Error> {
     let properties = broker.properties.clone().with_connection_name(name.into());
-    let connection = Connection::connect(&broker.url, properties).await?;
-    let channel = connection.create_channel().await?;
-    if let Some(declare) = declare {
-        declare(channel.clone()).await?;
+    let first = broker.next.load(Ordering::Relaxed);
+    let mut failure = None;
+    for i in 0..broker.nodes.len() {
+        let node = (first + i) % broker.nodes.len();
+        let opened = async {
+            let connection = Connection::connect(&broker.nodes[node], properties.clone()).await?;
+            let channel = connection.create_channel().await?;
+            if let Some(declare) = declare {
+                declare(channel.clone()).await?;
+            }
+            Ok::<_, lapin::Error>((connection, channel))
+        };
+        match opened.await {
+            Ok(opened) => {
+                // Should this node be lost, the next session starts with the one after it.
+                broker.next.store(node + 1, Ordering::Relaxed);
+                return Ok(opened);
+            }
+            Err(error) => {
+                warn!(broker = %idem_runtime::redacted_url(&broker.nodes[node]), %error, "cannot connect; trying the next node");
+                failure = Some(error);
+            }
+        }
     }
-    Ok((connection, channel))
+    Err(
+        failure.unwrap_or(lapin::Error::from(lapin::ErrorKind::InvalidConnectionState(
+            lapin::ConnectionState::Closed,
+        ))),
+    )
 }
 
 /// Who runs sessions: the consumer of a queue, or the relay of an outbox.
@@ -113,5 +163,19 @@ impl Backoff {
     pub(crate) async fn pause(&mut self) {
         tokio::time::sleep(self.0).await;
         self.0 = (self.0 * 2).min(Self::MOST);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nodes_of;
+
+    #[test]
+    fn a_cluster_url_names_each_node_and_a_comma_inside_a_url_stays_there() {
+        assert_eq!(nodes_of("amqp://a:5672/%2f"), ["amqp://a:5672/%2f"]);
+        assert_eq!(
+            nodes_of("amqp://a:1/%2f, amqps://b:2/%2f,amqp://c:3/v?x=1,2"),
+            ["amqp://a:1/%2f", "amqps://b:2/%2f", "amqp://c:3/v?x=1,2"]
+        );
     }
 }
