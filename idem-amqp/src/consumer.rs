@@ -1,11 +1,10 @@
 //! The idempotent consumer: each delivery runs the handler, and is acked only after its
 //! outcome is recorded.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
@@ -18,9 +17,9 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use crate::connection::{self, Broker, Setup};
-use crate::disposition::{Disposition, HandlerError, OnFailure};
 use crate::message::{KeySource, Message};
 use crate::observe;
+use idem_messaging::{Attempts, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 
 /// Consumes one queue through an idempotent handler, with acks that follow the record.
 ///
@@ -62,11 +61,10 @@ pub struct Consumer {
     prefetch: u16,
     redeliver_after: Duration,
     on_failure: OnFailure,
-    max_attempts: u32,
     declare: Option<Setup>,
     stats: Arc<Counters>,
     /// The failed runs of each key not yet settled, in this process.
-    attempts: Arc<Mutex<HashMap<String, u32>>>,
+    attempts: Arc<Attempts>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -78,7 +76,7 @@ impl std::fmt::Debug for Consumer {
             .field("prefetch", &self.prefetch)
             .field("redeliver_after", &self.redeliver_after)
             .field("on_failure", &self.on_failure)
-            .field("max_attempts", &self.max_attempts)
+            .field("max_attempts", &self.attempts.max())
             .finish_non_exhaustive()
     }
 }
@@ -88,13 +86,6 @@ pub const DEFAULT_PREFETCH: u16 = 16;
 
 /// The pause before a delivery that was not settled is requeued, by default.
 pub const DEFAULT_REDELIVER_AFTER: Duration = Duration::from_secs(1);
-
-/// How many times a message's body may fail (or its handler panic) before the failure
-/// policy takes it, by default.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
-
-/// The most keys whose failed runs are counted at once; past it the counts start over.
-const COUNTED_KEYS: usize = 100_000;
 
 impl Consumer {
     /// A consumer of `queue` on the broker at `amqp_url` (`amqp://user:pass@host:5672/%2f`).
@@ -106,10 +97,9 @@ impl Consumer {
             prefetch: DEFAULT_PREFETCH,
             redeliver_after: DEFAULT_REDELIVER_AFTER,
             on_failure: OnFailure::default(),
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
             declare: None,
             stats: Arc::default(),
-            attempts: Arc::default(),
+            attempts: Arc::new(Attempts::new(DEFAULT_MAX_ATTEMPTS)),
         }
     }
 
@@ -139,7 +129,7 @@ impl Consumer {
     /// message another consumer is running, or one the store could not claim, is
     /// requeued however often that happens.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts.max(1);
+        self.attempts = Arc::new(Attempts::new(attempts));
         self
     }
 
@@ -280,7 +270,7 @@ impl Consumer {
                         }
                     }
                 }
-                self.counted(&key, disposition, body_failed, delivered_before)
+                self.attempts.count(&key, disposition, body_failed, delivered_before)
             }
             Err(panic) => {
                 let what = panic
@@ -289,36 +279,11 @@ impl Consumer {
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 warn!(queue = %self.queue, key = %shown_key(&key), panic = %what, "the handler panicked; the message is not settled");
-                self.counted(&key, Disposition::Redeliver, true, delivered_before)
+                self.attempts
+                    .count(&key, Disposition::Redeliver, true, delivered_before)
             }
         };
         self.settle(&delivery, disposition).await;
-    }
-
-    /// `disposition`, once this run is counted: a body that failed again past
-    /// `max_attempts` makes it final. A quorum queue counts the message's earlier
-    /// deliveries to every consumer (`delivered_before`): this run is at least the next
-    /// one, so a fleet of consumers, or one restarted, still stops at the bound.
-    fn counted(&self, key: &str, disposition: Disposition, body_failed: bool, delivered_before: u32) -> Disposition {
-        let mut attempts = self.attempts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if disposition != Disposition::Redeliver {
-            attempts.remove(key);
-            return disposition;
-        }
-        if !body_failed {
-            return disposition;
-        }
-        if attempts.len() >= COUNTED_KEYS && !attempts.contains_key(key) {
-            attempts.clear();
-        }
-        let failed = attempts.entry(key.to_owned()).or_default();
-        *failed += 1;
-        if (*failed).max(delivered_before.saturating_add(1)) < self.max_attempts {
-            return disposition;
-        }
-        attempts.remove(key);
-        warn!(queue = %self.queue, key = %shown_key(key), attempts = self.max_attempts, "the message's body failed every attempt; failed for good");
-        Disposition::Final
     }
 
     /// The delivery as the handler sees it, or `None` (logged) when it has no key or its
@@ -361,14 +326,16 @@ impl Consumer {
                 };
                 ((&self.stats.requeued, "requeued"), acker.nack(requeue).await)
             }
-            (Disposition::Final, OnFailure::DeadLetter) => {
-                let reject = BasicRejectOptions { requeue: false };
-                ((&self.stats.failed, "failed"), acker.reject(reject).await)
-            }
             (Disposition::Final, OnFailure::AckAndDrop) => (
                 (&self.stats.failed, "failed"),
                 acker.ack(BasicAckOptions::default()).await,
             ),
+            // `DeadLetter`, and whatever policy a later version adds: the message is
+            // kept by the broker's dead-letter route rather than dropped.
+            (Disposition::Final, _) => {
+                let reject = BasicRejectOptions { requeue: false };
+                ((&self.stats.failed, "failed"), acker.reject(reject).await)
+            }
         };
         match settled {
             Ok(true) => {

@@ -91,7 +91,6 @@
 
 mod connection;
 mod consumer;
-mod disposition;
 mod message;
 pub mod observe;
 
@@ -102,8 +101,8 @@ mod outbox;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod relay;
 
-pub use consumer::{Consumer, ConsumerStats, DEFAULT_MAX_ATTEMPTS, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
-pub use disposition::{HandlerError, OnFailure};
+pub use consumer::{Consumer, ConsumerStats, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
+pub use idem_messaging::{HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 pub use message::{KeyFn, KeySource, Message};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -10,7 +10,7 @@ use idem_runtime::Error;
 /// `#[idempotent]` handler by pointing at the variant that holds [`idem_runtime::Error`]:
 ///
 /// ```
-/// # use idem_amqp::HandlerError;
+/// # use idem_messaging::HandlerError;
 /// #[derive(Debug, thiserror::Error)]
 /// enum CreditError {
 ///     #[error(transparent)]
@@ -32,18 +32,16 @@ use idem_runtime::Error;
 /// An error type without it is a compile error that says so:
 ///
 /// ```compile_fail
-/// # async fn demo() {
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("refused")]
 /// struct Refused;
 ///
-/// let consumer = idem_amqp::Consumer::new("amqp://127.0.0.1:5672/%2f", "orders");
-/// consumer.run(|_message: idem_amqp::Message<serde_json::Value>| async { Err::<(), Refused>(Refused) }).await;
-/// # }
+/// let answer: Result<(), Refused> = Err(Refused);
+/// idem_messaging::Disposition::of(&answer);
 /// ```
 #[diagnostic::on_unimplemented(
     message = "the consumer cannot tell whether `{Self}` is one of idem's errors",
-    label = "the handler's error type must implement `idem::amqp::HandlerError`",
+    label = "the handler's error type must implement `HandlerError`",
     note = "implement `HandlerError` for `{Self}`: `fn idem_error(&self) -> Option<&idem::Error>` returns the variant \
             that holds idem's error (`#[from] idem::Error`), `None` for the handler's own failures; or return \
             `idem::Error` itself"
@@ -73,9 +71,9 @@ pub enum OnFailure {
     AckAndDrop,
 }
 
-/// The consumer's verdict on one delivery.
+/// A consumer's verdict on one delivery: what it tells the broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Disposition {
+pub enum Disposition {
     /// Its outcome is recorded (a success, or a duplicate of one): ack.
     Ack,
     /// Not recorded, or not yet (still running elsewhere, the store failed, the body
@@ -87,7 +85,7 @@ pub(crate) enum Disposition {
 
 impl Disposition {
     /// The verdict on a handler's answer.
-    pub(crate) fn of<T, E: HandlerError>(answer: &Result<T, E>) -> Self {
+    pub fn of<T, E: HandlerError>(answer: &Result<T, E>) -> Self {
         match answer {
             Ok(_) => Disposition::Ack,
             Err(error) => match error.idem_error() {

@@ -1,0 +1,30 @@
+//! What idem's message consumers share, whatever the broker: the table that turns a
+//! handler's answer into the broker's verdict on a delivery ([`Disposition`]), the
+//! policy for a message that can never succeed ([`OnFailure`]), the trait that lets a
+//! consumer read idem's error out of a handler's ([`HandlerError`]), and the count that
+//! ends a poison message's loop ([`Attempts`]).
+//!
+//! ```
+//! use idem_messaging::{Attempts, Disposition};
+//!
+//! // A handler answered with idem's `InProgress`: the message is redelivered later.
+//! let answer: Result<(), idem_runtime::Error> = Err(idem_runtime::Error::InProgress {
+//!     biz: "credit".into(),
+//!     key: "order-7".into(),
+//! });
+//! assert_eq!(Disposition::of(&answer), Disposition::Redeliver);
+//!
+//! // A body that keeps failing is final at the bound.
+//! let attempts = Attempts::new(2);
+//! assert_eq!(attempts.count("order-8", Disposition::Redeliver, true, 0), Disposition::Redeliver);
+//! assert_eq!(attempts.count("order-8", Disposition::Redeliver, true, 0), Disposition::Final);
+//! ```
+//!
+//! Dependencies: `idem-runtime` (its error is what the table reads), `tracing` (a
+//! message that failed for good is logged).
+
+mod attempts;
+mod disposition;
+
+pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
+pub use disposition::{Disposition, HandlerError, OnFailure};
