@@ -2,12 +2,11 @@
 //! outcome is recorded.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
+use futures_util::StreamExt;
 use idem_runtime::observe::shown_key;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions};
@@ -255,34 +254,14 @@ impl Consumer {
             return self.settle(&delivery, Disposition::Final).await;
         };
         let key = message.key.clone();
-        let delivered_before = delivered_before(&delivery);
-        let disposition = match AssertUnwindSafe(handler(message)).catch_unwind().await {
-            Ok(answer) => {
-                let disposition = Disposition::of(&answer);
-                let body_failed = answer.as_ref().err().is_some_and(|error| error.idem_error().is_none());
-                if let Err(error) = &answer {
-                    match disposition {
-                        Disposition::Final => {
-                            warn!(queue = %self.queue, key = %shown_key(&key), %error, "message failed for good")
-                        }
-                        _ => {
-                            debug!(queue = %self.queue, key = %shown_key(&key), %error, "message not settled; requeued after a pause")
-                        }
-                    }
-                }
-                self.attempts.count(&key, disposition, body_failed, delivered_before)
-            }
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                warn!(queue = %self.queue, key = %shown_key(&key), panic = %what, "the handler panicked; the message is not settled");
-                self.attempts
-                    .count(&key, Disposition::Redeliver, true, delivered_before)
-            }
-        };
+        let disposition = idem_messaging::verdict(
+            &self.queue,
+            &key,
+            delivered_before(&delivery),
+            &self.attempts,
+            handler(message),
+        )
+        .await;
         self.settle(&delivery, disposition).await;
     }
 

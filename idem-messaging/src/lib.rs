@@ -2,7 +2,8 @@
 //! handler's answer into the broker's verdict on a delivery ([`Disposition`]), the
 //! policy for a message that can never succeed ([`OnFailure`]), the trait that lets a
 //! consumer read idem's error out of a handler's ([`HandlerError`]), and the count that
-//! ends a poison message's loop ([`Attempts`]).
+//! ends a poison message's loop ([`Attempts`]); [`verdict`] puts them together for one
+//! delivery.
 //!
 //! ```
 //! use idem_messaging::{Attempts, Disposition};
@@ -21,10 +22,13 @@
 //! ```
 //!
 //! Dependencies: `idem-runtime` (its error is what the table reads), `tracing` (a
-//! message that failed for good is logged).
+//! message that failed for good is logged), `futures-util` (a handler's panic caught as
+//! a failed run).
 
 mod attempts;
 mod disposition;
+mod verdict;
 
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
 pub use disposition::{Disposition, HandlerError, OnFailure};
+pub use verdict::verdict;
