@@ -2,7 +2,7 @@
 //! outcome is recorded.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use crate::connection::{self, Broker, Setup};
 use crate::message::{KeySource, Message};
 use crate::observe;
-use idem_messaging::{Attempts, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
+use idem_messaging::{Attempts, ConsumerStats, Counters, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 
 /// Consumes one queue through an idempotent handler, with acks that follow the record.
 ///
@@ -330,50 +330,6 @@ impl Consumer {
             }
         }
     }
-}
-
-/// The consumer's counters.
-#[derive(Debug, Default)]
-struct Counters {
-    deliveries: AtomicU64,
-    redelivered: AtomicU64,
-    acked: AtomicU64,
-    requeued: AtomicU64,
-    failed: AtomicU64,
-    sessions_lost: AtomicU64,
-}
-
-impl Counters {
-    fn snapshot(&self) -> ConsumerStats {
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        ConsumerStats {
-            deliveries: read(&self.deliveries),
-            redelivered: read(&self.redelivered),
-            acked: read(&self.acked),
-            requeued: read(&self.requeued),
-            failed: read(&self.failed),
-            sessions_lost: read(&self.sessions_lost),
-        }
-    }
-}
-
-/// What a [`Consumer`] did since it was made.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConsumerStats {
-    /// Deliveries received.
-    pub deliveries: u64,
-    /// Of those, deliveries the broker flagged as redelivered.
-    pub redelivered: u64,
-    /// Deliveries acked after their outcome was recorded.
-    pub acked: u64,
-    /// Deliveries requeued after the pause (not settled: in progress elsewhere, a store
-    /// error, the body's own error).
-    pub requeued: u64,
-    /// Deliveries that failed for good (dead-lettered or dropped by the policy).
-    pub failed: u64,
-    /// Sessions that ended (the broker went away) and were started again.
-    pub sessions_lost: u64,
 }
 
 /// How many times the broker delivered this message before: a quorum queue's

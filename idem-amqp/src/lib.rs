@@ -101,8 +101,8 @@ mod outbox;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod relay;
 
-pub use consumer::{Consumer, ConsumerStats, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
-pub use idem_messaging::{HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
+pub use consumer::{Consumer, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
+pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 pub use message::{KeyFn, KeySource, Message};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -27,8 +27,10 @@
 
 mod attempts;
 mod disposition;
+mod stats;
 mod verdict;
 
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
 pub use disposition::{Disposition, HandlerError, OnFailure};
+pub use stats::{ConsumerStats, Counters};
 pub use verdict::verdict;
