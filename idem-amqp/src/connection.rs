@@ -5,8 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
+use idem_messaging::Backoff;
 use lapin::{Channel, Connection, ConnectionProperties};
 use tracing::{info, warn};
 
@@ -140,29 +140,6 @@ where
             backoff.reset();
         }
         backoff.pause().await;
-    }
-}
-
-/// The pause before the next session: from 100 ms, doubling, at most 5 s; back to the
-/// start after a session that did some work.
-#[derive(Debug)]
-pub(crate) struct Backoff(Duration);
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MOST: Duration = Duration::from_secs(5);
-
-    pub(crate) fn new() -> Self {
-        Backoff(Self::FIRST)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.0 = Self::FIRST;
-    }
-
-    pub(crate) async fn pause(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(Self::MOST);
     }
 }
 

@@ -15,9 +15,10 @@ use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 use sqlx::Pool;
 use tracing::{error, info, warn};
 
-use crate::connection::{self, Backoff, Broker, Setup};
+use crate::connection::{self, Broker, Setup};
 use crate::dialect::{Failure, OutboxDatabase};
 use crate::outbox::{Outbox, OutboxRow};
+use idem_messaging::Backoff;
 
 /// Why a relay's round failed.
 #[derive(Debug, thiserror::Error)]

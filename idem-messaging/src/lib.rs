@@ -26,11 +26,13 @@
 //! a failed run).
 
 mod attempts;
+mod backoff;
 mod disposition;
 mod stats;
 mod verdict;
 
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
+pub use backoff::Backoff;
 pub use disposition::{Disposition, HandlerError, OnFailure};
 pub use stats::{ConsumerStats, Counters};
 pub use verdict::verdict;

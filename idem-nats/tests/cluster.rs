@@ -4,8 +4,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::pull, stream};
-use futures_util::StreamExt;
+use idem_nats::async_nats::{
+    self,
+    jetstream::{self, stream},
+};
+use idem_nats::{Consumer, Message};
 use idem_runtime::{Error, Idempotent, MemoryStore};
 
 const MESSAGES: usize = 2000;
@@ -36,27 +39,14 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
     let js = jetstream::new(connect().await.unwrap());
     let name = format!("cluster_{}", std::process::id());
     let subject = format!("{name}.orders");
-    let stream = js
-        .get_or_create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![subject.clone()],
-            num_replicas: 3,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let consumer = stream
-        .get_or_create_consumer(
-            "credit",
-            pull::Config {
-                durable_name: Some("credit".into()),
-                ack_wait: Duration::from_secs(2),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-
+    js.get_or_create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        num_replicas: 3,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let publisher = {
         let js = jetstream::new(connect().await.unwrap());
         let subject = subject.clone();
@@ -86,13 +76,44 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
 
     let credit = Idempotent::new("credit").store(Arc::new(MemoryStore::new()));
     let effects: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let consumer = Consumer::new(&urls, &name, "credit").redeliver_after(Duration::from_millis(100));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn({
+        let (consumer, credit, effects) = (consumer.clone(), credit.clone(), effects.clone());
+        async move {
+            consumer
+                .run_until(
+                    async {
+                        let _ = stopped.await;
+                    },
+                    move |message: Message<u64>| {
+                        let (credit, effects) = (credit.clone(), effects.clone());
+                        async move {
+                            let key = message.key.clone();
+                            credit
+                                .execute(&message.key, async move {
+                                    *effects.lock().unwrap().entry(key).or_default() += 1;
+                                    Ok::<_, Error>(())
+                                })
+                                .await
+                        }
+                    },
+                )
+                .await;
+        }
+    });
     let started = Instant::now();
     let mut killed = false;
-    let mut deliveries = 0usize;
     while effects.lock().unwrap().len() < MESSAGES {
-        assert!(started.elapsed() < Duration::from_secs(120), "the load did not finish");
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the load did not finish: {:?}",
+            consumer.stats()
+        );
         if !killed && effects.lock().unwrap().len() > MESSAGES / 3 {
-            nats_script(&["kill", "2"]);
+            tokio::task::spawn_blocking(|| nats_script(&["kill", "2"]))
+                .await
+                .unwrap();
             killed = true;
             tokio::spawn(async {
                 tokio::time::sleep(Duration::from_secs(3)).await;
@@ -101,42 +122,12 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
                     .unwrap();
             });
         }
-        let batch = match consumer
-            .fetch()
-            .max_messages(100)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await
-        {
-            Ok(batch) => batch,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let mut batch = std::pin::pin!(batch);
-        while let Some(message) = batch.next().await {
-            let Ok(message) = message else { break };
-            deliveries += 1;
-            let key = message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("Nats-Msg-Id"))
-                .unwrap()
-                .to_string();
-            let (effects, counted) = (effects.clone(), key.clone());
-            let ran = credit
-                .execute(&key, async move {
-                    *effects.lock().unwrap().entry(counted).or_default() += 1;
-                    Ok::<_, Error>(())
-                })
-                .await;
-            if ran.is_ok() {
-                // Acked only once recorded; a lost ack is a redelivery the records answer.
-                let _ = message.double_ack().await;
-            }
-        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Redeliveries of settled messages, if any, come within the ack wait.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(stop);
+    let deliveries = consumer.stats().deliveries;
     let retried = publisher.await.unwrap();
     {
         let effects = effects.lock().unwrap();

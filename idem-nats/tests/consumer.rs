@@ -1,0 +1,132 @@
+//! The JetStream consumer against a real server (`IDEM_TEST_NATS_URL`, started by
+//! `.ci/start-nats`): what each kind of answer does to a message.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_nats::async_nats::{self, jetstream};
+use idem_nats::{Consumer, ConsumerStats, KeySource, Message};
+use idem_runtime::{Error, Idempotent, MemoryStore};
+use serde_json::Value;
+
+fn nats_url() -> Option<String> {
+    match std::env::var("IDEM_TEST_NATS_URL") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            println!("NOT RUN: IDEM_TEST_NATS_URL is unset (start it with `eval \"$(.ci/start-nats)\"`)");
+            assert!(std::env::var_os("CI").is_none(), "CI must run the NATS tests");
+            None
+        }
+    }
+}
+
+/// A fresh stream `name` on subject `name.in`, and a way to publish to it with an
+/// `Order-Id` header (JetStream does not deduplicate by it).
+async fn fresh_stream(url: &str, name: &str) -> jetstream::Context {
+    let js = jetstream::new(async_nats::connect(url).await.unwrap());
+    let _ = js.delete_stream(name).await;
+    js.create_stream(jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec![format!("{name}.in")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js
+}
+
+async fn publish(js: &jetstream::Context, name: &str, order: &str, body: &str) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Order-Id", order);
+    js.publish_with_headers(format!("{name}.in"), headers, body.to_owned().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+async fn until(consumer: &Consumer, done: impl Fn(&ConsumerStats) -> bool) -> ConsumerStats {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let stats = consumer.stats();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(Instant::now() < deadline, "consumer stuck: {stats:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum CreditError {
+    #[error(transparent)]
+    Idem(#[from] Error),
+    #[error("the business refused")]
+    Refused,
+}
+
+impl idem_nats::HandlerError for CreditError {
+    fn idem_error(&self) -> Option<&Error> {
+        match self {
+            CreditError::Idem(error) => Some(error),
+            CreditError::Refused => None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_run_once_and_a_poison_message_is_terminated_at_its_bound() {
+    let Some(url) = nats_url() else { return };
+    let name = "idem_consumer";
+    let js = fresh_stream(&url, name).await;
+    for _ in 0..3 {
+        publish(&js, name, "order-1", r#"{"points": 7}"#).await;
+    }
+    publish(&js, name, "order-2", r#"{"points": 9}"#).await;
+    publish(&js, name, "poison", r#"{"points": 1}"#).await;
+    publish(&js, name, "order-3", "not json").await;
+
+    let credit = Idempotent::new("nats.credit").store(Arc::new(MemoryStore::new()));
+    let runs: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    let consumer = Consumer::new(&url, name, "credit")
+        .key(KeySource::Header("Order-Id".into()))
+        .redeliver_after(Duration::from_millis(50))
+        .max_attempts(3);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn({
+        let (consumer, credit, runs) = (consumer.clone(), credit.clone(), runs.clone());
+        async move {
+            consumer
+                .run_until(
+                    async {
+                        let _ = stopped.await;
+                    },
+                    move |message: Message<Value>| {
+                        let (credit, runs) = (credit.clone(), runs.clone());
+                        async move {
+                            let key = message.key.clone();
+                            credit
+                                .execute(&message.key, async move {
+                                    *runs.lock().unwrap().entry(key.clone()).or_default() += 1;
+                                    if key == "poison" {
+                                        return Err(CreditError::Refused);
+                                    }
+                                    Ok(message.body["points"].clone())
+                                })
+                                .await
+                        }
+                    },
+                )
+                .await;
+        }
+    });
+    let stats = until(&consumer, |s| s.acked == 4 && s.failed == 2).await;
+    drop(stop);
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.get("order-1"), Some(&1), "three copies, one run: {runs:?}");
+    assert_eq!(runs.get("order-2"), Some(&1));
+    assert_eq!(runs.get("poison"), Some(&3), "three runs, then the policy: {stats:?}");
+    assert_eq!(runs.get("order-3"), None, "a body that does not decode is not run");
+    assert_eq!(stats.requeued, 2, "the poison came back twice: {stats:?}");
+}
