@@ -13,14 +13,16 @@ use idem_runtime::{Error, Idempotent, MemoryStore};
 
 const MESSAGES: usize = 2000;
 
-fn nats_script(args: &[&str]) {
+/// `.ci/start-nats ARGS…`, and what it printed.
+fn nats_script(args: &[&str]) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/start-nats");
-    let status = std::process::Command::new("bash")
+    let output = std::process::Command::new("bash")
         .arg(script)
         .args(args)
-        .status()
+        .output()
         .unwrap();
-    assert!(status.success(), "start-nats {args:?} failed");
+    assert!(output.status.success(), "start-nats {args:?} failed");
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,13 +113,22 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
             consumer.stats()
         );
         if !killed && effects.lock().unwrap().len() > MESSAGES / 3 {
-            tokio::task::spawn_blocking(|| nats_script(&["kill", "2"]))
+            // The node that leads the stream's replicas: its followers elect another.
+            let leader = {
+                let name = name.clone();
+                tokio::task::spawn_blocking(move || nats_script(&["leader", &name]))
+                    .await
+                    .unwrap()
+            };
+            let killed_node = leader.clone();
+            tokio::task::spawn_blocking(move || nats_script(&["kill", &killed_node]))
                 .await
                 .unwrap();
             killed = true;
-            tokio::spawn(async {
+            println!("killed node {leader}, the stream's leader");
+            tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(3)).await;
-                tokio::task::spawn_blocking(|| nats_script(&["start", "2"]))
+                tokio::task::spawn_blocking(move || nats_script(&["start", &leader]))
                     .await
                     .unwrap();
             });
