@@ -612,6 +612,7 @@ async fn memory_per_record() -> (u64, usize) {
 mod growth;
 mod http_layer;
 mod messages;
+mod messages_nats;
 mod redis_floor;
 mod replay;
 mod sealed;
@@ -648,6 +649,7 @@ async fn main() {
     }
     if args.iter().any(|a| a == "--messages-only") {
         messages::report(calls).await;
+        messages_nats::report(calls).await;
         return;
     }
     if args.iter().any(|a| a == "--http-only") {
@@ -680,6 +682,7 @@ async fn main() {
     sealed::report(&backends, calls).await;
     replay::report(&backends, calls).await;
     messages::report(calls).await;
+    messages_nats::report(calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");
     println!("|---|---|---|---|");
