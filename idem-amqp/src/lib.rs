@@ -95,10 +95,6 @@ mod message;
 pub mod observe;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod dialect;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-mod outbox;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod relay;
 
 pub use consumer::{Consumer, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
@@ -106,9 +102,9 @@ pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATT
 pub use message::{KeyFn, KeySource, Message};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use dialect::OutboxDatabase;
+pub use idem_messaging::OutboxDatabase;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use outbox::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
+pub use idem_messaging::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use relay::{
     Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT, DEFAULT_RELAY_ATTEMPTS,

@@ -16,9 +16,8 @@ use sqlx::Pool;
 use tracing::{error, info, warn};
 
 use crate::connection::{self, Broker, Setup};
-use crate::dialect::{Failure, OutboxDatabase};
-use crate::outbox::{Outbox, OutboxRow};
 use idem_messaging::Backoff;
+use idem_messaging::{Failure, Outbox, OutboxDatabase, OutboxRow};
 
 /// Why a relay's round failed.
 #[derive(Debug, thiserror::Error)]

@@ -25,14 +25,24 @@
 //! message that failed for good is logged), `futures-util` (a handler's panic caught as
 //! a failed run).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod attempts;
 mod backoff;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod dialect;
 mod disposition;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod outbox;
 mod stats;
 mod verdict;
 
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
 pub use backoff::Backoff;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use dialect::{Failure, OutboxDatabase};
 pub use disposition::{Disposition, HandlerError, OnFailure};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use outbox::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, OutboxRow, DEFAULT_TABLE};
 pub use stats::{ConsumerStats, Counters};
 pub use verdict::verdict;

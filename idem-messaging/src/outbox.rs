@@ -1,5 +1,5 @@
 //! The outbox table: messages written in the business transaction, published later by
-//! the [`Relay`](crate::Relay).
+//! the the relay.
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
@@ -16,7 +16,7 @@ pub const DEFAULT_TABLE: &str = "idem_outbox";
 /// A message to publish: where to, its bytes, and its headers.
 ///
 /// ```
-/// use idem_amqp::OutboxMessage;
+/// use idem_messaging::OutboxMessage;
 ///
 /// let message = OutboxMessage::json("", "orders", &serde_json::json!({ "order": 7 }))?
 ///     .with_header("correlation-id", "req-81f3")
@@ -79,7 +79,7 @@ pub struct OutboxRow {
     pub message: OutboxMessage,
 }
 
-/// A row the relay parked after [`Relay::max_attempts`](crate::Relay::max_attempts)
+/// A row the relay parked after the relay's `max_attempts`
 /// failed attempts: it is not published again until [`Outbox::retry_dead`] says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -113,7 +113,7 @@ pub struct InvalidTableName(String);
 /// it fit to be the message id that consumers are keyed by — within one outbox. Ids of
 /// two outboxes (two tables, two databases, or a table dropped and made again) overlap:
 /// give each its own queue, or key its consumers by something of the message itself
-/// ([`KeySource`](crate::KeySource)).
+/// (the consumer's key source).
 #[derive(Debug)]
 pub struct Outbox<DB> {
     table: Arc<str>,
@@ -182,7 +182,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// Delete rows the broker confirmed more than `older_than` ago (by the database's
     /// clock), at most `limit` in one statement, the oldest first: how many went. Call
     /// it again until it answers less than `limit`; unsent rows are never touched. A
-    /// [`Relay`](crate::Relay) does this by itself ([`keep_sent`](crate::Relay::keep_sent)).
+    /// a relay does this by itself (its `keep_sent`).
     ///
     /// Ids are not reused once their rows are gone (an identity column, `AUTOINCREMENT`,
     /// and InnoDB's counter, which MariaDB 10.2.4+ and MySQL 8 keep across restarts), so
