@@ -3,16 +3,22 @@
 //! ```text
 //! POST /orders ──► order row + outbox row + idempotency record (one commit)
 //!                       │
-//!                  relay (publisher confirms, row id = message id)
+//!                  relay (the broker's confirms, row id = message id)
 //!                       ▼
-//!                   RabbitMQ ──► consumer (#[idempotent(key = message.key, tx = tx)])
-//!                                   └─► points row + SMS row + record (one commit)
+//!          RabbitMQ or JetStream ──► consumer (#[idempotent(key, tx = tx)])
+//!                                       └─► points row + SMS row + record (one commit)
 //! ```
 //!
 //! ```text
-//! cargo run --example pipeline -- --database-url postgres://… --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run --example pipeline -- --database-url postgres://… --broker amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run --example pipeline -- --database-url postgres://… --broker nats://127.0.0.1:4222
 //! ```
 //!
+//! `--broker` takes a RabbitMQ URL (`amqp://…`) or a NATS one (`nats://…`), or a
+//! cluster's nodes' URLs separated by commas. On RabbitMQ the orders travel on the
+//! durable queue `--queue` (a quorum queue with `--quorum`); on NATS on the subject
+//! `--queue`, kept by the JetStream stream `--stream` (made if missing, on file, with a
+//! replica per server up to three).
 //! `--database-url` takes `postgres://…`, `mysql://…` (MariaDB) or `sqlite://…`;
 //! `--listen` (default 127.0.0.1:3100) is the HTTP address; `--role` runs one part only
 //! (`http`, `relay`, `consumer`; default `all`), so each can run — and be killed — as
@@ -25,7 +31,7 @@
 //!   `Idempotency-Key` layer replays a retry's response; under it the order, its outbox
 //!   message and the order's record commit in one transaction, so even a retry that
 //!   reaches a restarted server after the first response was lost finds the order.
-//! - The relay publishes outbox rows to the durable queue `pipeline.orders` (`--queue`).
+//! - The relay publishes outbox rows to the queue or subject `pipeline.orders` (`--queue`).
 //! - The consumer credits points and writes an SMS row per message, in one transaction
 //!   with the message's record: a redelivery (the consumer died before its ack, or the
 //!   relay published twice) replays and is acked without a second effect.
@@ -45,9 +51,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::{Parser, ValueEnum};
 use idem::amqp::lapin::options::QueueDeclareOptions;
-use idem::amqp::lapin::types::FieldTable;
+use idem::amqp::lapin::types::{AMQPValue, FieldTable};
 use idem::amqp::lapin::Channel;
-use idem::amqp::{Consumer, HandlerError, Message, Outbox, OutboxMessage, Relay};
+use idem::amqp::{AmqpBroker, HandlerError, Outbox, OutboxMessage};
+use idem::nats::async_nats::jetstream;
+use idem::nats::JetStreamBroker;
 use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
@@ -55,23 +63,31 @@ use serde::{Deserialize, Serialize};
 use idem_examples::bearer;
 
 #[derive(Parser, Debug, Clone)]
-#[command(about = "Orders → outbox → relay → RabbitMQ → idempotent consumer → effects")]
+#[command(about = "Orders → outbox → relay → RabbitMQ or JetStream → idempotent consumer → effects")]
 struct Options {
     /// The database: postgres://…, mysql://… or sqlite://…
     #[arg(long)]
     database_url: String,
-    /// The broker.
-    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
-    amqp_url: String,
+    /// The broker: amqp://… (RabbitMQ) or nats://… (NATS JetStream); a cluster's nodes
+    /// separated by commas.
+    #[arg(long, alias = "amqp-url", default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    broker: String,
     /// The HTTP address (roles `all` and `http`).
     #[arg(long, default_value = "127.0.0.1:3100")]
     listen: SocketAddr,
     /// Which part to run.
     #[arg(long, value_enum, default_value_t = Role::All)]
     role: Role,
-    /// The durable queue the orders travel on.
+    /// The durable queue (RabbitMQ) or the subject (NATS) the orders travel on.
     #[arg(long, default_value = "pipeline.orders")]
     queue: String,
+    /// RabbitMQ: declare the queue as a quorum queue (replicated on the cluster's nodes).
+    #[arg(long)]
+    quorum: bool,
+    /// NATS: the JetStream stream that keeps the subject (default: the subject in
+    /// capitals, `.` as `_`).
+    #[arg(long)]
+    stream: Option<String>,
     /// How long each effect takes (the consumer's work), in milliseconds.
     #[arg(long, default_value_t = 0)]
     effect_delay_ms: u64,
@@ -167,16 +183,63 @@ impl IntoResponse for AppError {
     }
 }
 
-/// Declare the durable queue on a new channel (relay and consumer alike).
-async fn declare(channel: Channel, queue: String) -> Result<(), idem::amqp::lapin::Error> {
+/// Declare the durable queue on a new channel (relay and consumer alike), as a quorum
+/// queue when `quorum`.
+async fn declare(channel: Channel, queue: String, quorum: bool) -> Result<(), idem::amqp::lapin::Error> {
     let durable = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
     };
-    channel
-        .queue_declare(queue.into(), durable, FieldTable::default())
-        .await?;
+    let mut arguments = FieldTable::default();
+    if quorum {
+        arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    }
+    channel.queue_declare(queue.into(), durable, arguments).await?;
     Ok(())
+}
+
+/// The JetStream stream that keeps `subject` on the servers at `servers`, made if
+/// missing: on file, with a replica per server (up to three).
+async fn ensure_stream(servers: &str, name: &str, subject: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let addresses: Vec<idem::nats::async_nats::ServerAddr> =
+        servers.split(',').map(|server| server.trim().parse()).collect::<Result<_, _>>()?;
+    let replicas = addresses.len().min(3);
+    let js = jetstream::new(idem::nats::async_nats::connect(addresses).await?);
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject.to_owned()],
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    })
+    .await?;
+    Ok(())
+}
+
+/// The stream's name for `subject`: `pipeline.orders` → `PIPELINE_ORDERS`.
+fn stream_of(subject: &str) -> String {
+    subject
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .collect()
+}
+
+/// Which broker `url` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BrokerKind {
+    RabbitMq,
+    JetStream,
+}
+
+impl BrokerKind {
+    fn of(url: &str) -> Option<BrokerKind> {
+        let scheme = url.trim().split("://").next()?;
+        match scheme {
+            "amqp" | "amqps" => Some(BrokerKind::RabbitMq),
+            "nats" | "tls" => Some(BrokerKind::JetStream),
+            _ => None,
+        }
+    }
 }
 
 /// The application's tables, in SQL every one of the three databases reads.
@@ -267,21 +330,22 @@ macro_rules! pipeline {
                 })
             }
 
-            /// The effects of one message and its record: one commit.
-            #[idempotent(key = message.key, biz = "pipeline.effects", tx = tx)]
+            /// The effects of one message (its key, its order) and its record: one
+            /// commit.
+            #[idempotent(key = key, biz = "pipeline.effects", tx = tx)]
             async fn credit(
                 tx: &mut Transaction<'_, Db>,
-                message: &Message<OrderPlaced>,
+                key: &str,
+                order: &OrderPlaced,
                 delay: Duration,
                 ran: &AtomicBool,
             ) -> Result<Credited, AppError> {
                 ran.store(true, Ordering::SeqCst);
-                let order = &message.body;
                 sqlx::query(&sql("INSERT INTO pipeline_points (order_ref, customer, points, message_id) VALUES (?, ?, ?, ?)"))
                     .bind(&order.order)
                     .bind(&order.customer)
                     .bind(order.points)
-                    .bind(&message.key)
+                    .bind(key)
                     .execute(&mut **tx)
                     .await?;
                 tokio::time::sleep(delay).await;
@@ -294,16 +358,17 @@ macro_rules! pipeline {
                 Ok(Credited { points: order.points })
             }
 
-            /// One delivery: the effects in a transaction, then a line in the deliveries
-            /// table (for the figures).
-            async fn consume(pool: &Pool<Db>, message: Message<OrderPlaced>, delay: Duration) -> Result<Credited, AppError> {
+            /// One delivery (its key, its order, whether the broker delivered it before):
+            /// the effects in a transaction, then a line in the deliveries table (for the
+            /// figures).
+            async fn consume(pool: &Pool<Db>, key: String, order: OrderPlaced, redelivered: bool, delay: Duration) -> Result<Credited, AppError> {
                 let ran = AtomicBool::new(false);
                 let mut tx = pool.begin().await?;
-                let credited = credit(&mut tx, &message, delay, &ran).await?;
+                let credited = credit(&mut tx, &key, &order, delay, &ran).await?;
                 tx.commit().await?;
                 sqlx::query(&sql("INSERT INTO pipeline_deliveries (message_id, redelivered, ran) VALUES (?, ?, ?)"))
-                    .bind(&message.key)
-                    .bind(i32::from(message.redelivered))
+                    .bind(&key)
+                    .bind(i32::from(redelivered))
                     .bind(i32::from(ran.load(Ordering::SeqCst)))
                     .execute(pool)
                     .await?;
@@ -391,18 +456,50 @@ macro_rules! pipeline {
                 let outbox = Outbox::<Db>::new();
                 outbox.migrate(&pool).await?;
                 let app = App { pool: pool.clone(), outbox: outbox.clone(), queue: options.queue.clone() };
-                let queue = options.queue.clone();
-                let declare = move |channel| declare(channel, queue.clone());
+                let (queue, quorum) = (options.queue.clone(), options.quorum);
+                let declare = move |channel| declare(channel, queue.clone(), quorum);
+                let kind = BrokerKind::of(&options.broker).ok_or("--broker must start with amqp://, amqps://, nats:// or tls://")?;
+                let stream = options.stream.clone().unwrap_or_else(|| stream_of(&options.queue));
+                if kind == BrokerKind::JetStream && (options.role.runs(Role::Relay) || options.role.runs(Role::Consumer)) {
+                    ensure_stream(&options.broker, &stream, &options.queue).await?;
+                }
                 let mut parts = tokio::task::JoinSet::new();
                 if options.role.runs(Role::Relay) {
-                    let relay = Relay::new(pool.clone(), outbox.clone(), options.amqp_url.clone()).on_connect(declare.clone());
-                    parts.spawn(async move { relay.run().await });
+                    let (pool, outbox) = (pool.clone(), outbox.clone());
+                    match kind {
+                        BrokerKind::RabbitMq => {
+                            let broker = AmqpBroker::new(options.broker.clone()).on_connect(declare.clone());
+                            let relay = idem::amqp::Relay::new(pool, outbox, broker);
+                            parts.spawn(async move { relay.run().await });
+                        }
+                        BrokerKind::JetStream => {
+                            let relay = idem::nats::Relay::new(pool, outbox, JetStreamBroker::new(options.broker.clone()));
+                            parts.spawn(async move { relay.run().await });
+                        }
+                    }
                 }
                 if options.role.runs(Role::Consumer) {
                     let delay = Duration::from_millis(options.effect_delay_ms);
-                    let consumer = Consumer::new(options.amqp_url.clone(), options.queue.clone()).on_connect(declare.clone());
                     let pool = pool.clone();
-                    parts.spawn(async move { consumer.run(|message| consume(&pool, message, delay)).await });
+                    match kind {
+                        BrokerKind::RabbitMq => {
+                            let consumer = idem::amqp::Consumer::new(options.broker.clone(), options.queue.clone()).on_connect(declare.clone());
+                            parts.spawn(async move {
+                                consumer
+                                    .run(|m: idem::amqp::Message<OrderPlaced>| consume(&pool, m.key, m.body, m.redelivered, delay))
+                                    .await
+                            });
+                        }
+                        BrokerKind::JetStream => {
+                            let consumer = idem::nats::Consumer::new(options.broker.clone(), stream.clone(), "pipeline")
+                                .ack_wait(Duration::from_secs(5));
+                            parts.spawn(async move {
+                                consumer
+                                    .run(|m: idem::nats::Message<OrderPlaced>| consume(&pool, m.key, m.body, m.delivered > 1, delay))
+                                    .await
+                            });
+                        }
+                    }
                 }
                 if options.role.runs(Role::Http) {
                     let layer = IdempotencyLayer::new(Idempotent::new("pipeline.http").store(records))
@@ -420,7 +517,7 @@ macro_rules! pipeline {
                     "pipeline: role {:?}, database {}, broker {}",
                     options.role,
                     idem::store::redacted_url(&options.database_url),
-                    idem::store::redacted_url(&options.amqp_url)
+                    idem::store::redacted_url(&options.broker)
                 );
                 let mut last = None;
                 loop {

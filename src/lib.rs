@@ -417,6 +417,15 @@ pub use idem_http as http;
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
 pub use idem_amqp as amqp;
 
+/// Idempotent NATS JetStream consumers and the outbox relay to JetStream (feature
+/// `nats`): a [`nats::Consumer`] that acks a message only once its outcome is recorded,
+/// keyed by its `Nats-Msg-Id`, and the [`nats::Relay`] that publishes an outbox with the
+/// row id as `Nats-Msg-Id` (the outbox on each database feature that is on). See the
+/// [`idem_nats`] crate docs.
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use idem_nats as nats;
+
 /// The database stores' helpers: a store picked by URL ([`sql::open`]), the default
 /// table name, what stands between a PostgreSQL store and its server ([`sql::Pooler`]).
 /// The stores themselves are at the crate root.

@@ -1,12 +1,17 @@
 //! The example pipeline (`examples/pipeline.rs`) killed end to end: orders posted under
 //! load while the HTTP server, the relay and the consumers are SIGKILLed at random
-//! moments and RabbitMQ is killed and restarted once; then everything drains, and every
-//! order has exactly one effect and no effect lacks its order. Last, a consumer is killed
-//! while it holds deliveries it has not settled, so that some are certainly delivered again.
+//! moments and a broker node is killed and restarted once; then everything drains, and
+//! every order has exactly one effect and no effect lacks its order. Last, a consumer is
+//! killed while it holds deliveries it has not settled, so that some are certainly
+//! delivered again.
 //!
-//! Runs on PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and MariaDB (`IDEM_TEST_MYSQL_URL`) with
-//! RabbitMQ (`IDEM_TEST_AMQP_URL`, started by `.ci/start-rabbitmq`); prints NOT RUN
-//! without them outside CI.
+//! Three brokers, each on PostgreSQL (`IDEM_TEST_POSTGRES_URL`) and MariaDB
+//! (`IDEM_TEST_MYSQL_URL`): one RabbitMQ node (`IDEM_TEST_AMQP_URL`, `.ci/start-rabbitmq`);
+//! a three-node RabbitMQ cluster with a quorum queue, the node the clients connect to
+//! first killed (`IDEM_TEST_AMQP_CLUSTER_URLS`, `.ci/start-rabbitmq-cluster`); and a
+//! three-node JetStream cluster with a stream of three replicas, the stream's leader
+//! killed (`IDEM_TEST_NATS_CLUSTER_URLS`, `.ci/start-nats`). Each prints NOT RUN without
+//! its URLs outside CI.
 
 #[path = "../../tests/support/ci.rs"]
 mod ci;
@@ -20,6 +25,15 @@ use std::time::{Duration, Instant};
 use idem_testkit::harness;
 use rand::Rng;
 use serde_json::Value;
+
+/// A short name of `broker` for databases, queues and streams.
+fn broker_tag(broker: Broker) -> &'static str {
+    match broker {
+        Broker::RabbitMq => "rmq",
+        Broker::RabbitMqCluster => "rmqc",
+        Broker::JetStreamCluster => "js",
+    }
+}
 
 /// Run `statement` on the server at `url` (PostgreSQL or MariaDB).
 async fn run_sql(url: &str, statement: &str) {
@@ -171,7 +185,12 @@ async fn place_order(client: &reqwest::Client, base: &str, name: &str, n: u32) -
 /// consumer started with a slow effect and killed once the broker counts deliveries it
 /// holds unsettled, so that those are delivered again, for certain; then both consumers
 /// as before. The orders placed.
-async fn kill_a_consumer_holding_deliveries(parts: &mut [Part], binary: &str, base: &str, queue: &str) -> Vec<String> {
+async fn kill_a_consumer_holding_deliveries(
+    parts: &mut [Part],
+    binary: &str,
+    base: &str,
+    (broker, url, queue): (Broker, &str, &str),
+) -> Vec<String> {
     let client = client();
     for consumer in &mut parts[2..] {
         consumer.kill();
@@ -185,7 +204,7 @@ async fn kill_a_consumer_holding_deliveries(parts: &mut [Part], binary: &str, ba
     slow[delay] = "20000".into();
     parts[2].restart(binary, &slow);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while ci::ci_script("start-rabbitmq", &["unacked", queue]).trim() == "0" {
+    while broker.unacked(url, queue).await == 0 {
         assert!(
             Instant::now() < deadline,
             "the slow consumer took no delivery of {queue} in 60 s"
@@ -200,6 +219,88 @@ async fn kill_a_consumer_holding_deliveries(parts: &mut [Part], binary: &str, ba
     placed
 }
 
+/// The broker a run goes through, and how its faults are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Broker {
+    /// One RabbitMQ node, a classic durable queue.
+    RabbitMq,
+    /// A three-node RabbitMQ cluster, a quorum queue.
+    RabbitMqCluster,
+    /// A three-node JetStream cluster, a stream with three replicas.
+    JetStreamCluster,
+}
+
+impl Broker {
+    /// Its name in the test's output.
+    fn name(self) -> &'static str {
+        match self {
+            Broker::RabbitMq => "one RabbitMQ node",
+            Broker::RabbitMqCluster => "a RabbitMQ cluster (quorum queue)",
+            Broker::JetStreamCluster => "a JetStream cluster",
+        }
+    }
+
+    /// The example's arguments for it.
+    fn args(self, url: &str) -> Vec<String> {
+        let mut args = vec!["--broker".to_owned(), url.to_owned()];
+        if self == Broker::RabbitMqCluster {
+            args.push("--quorum".to_owned());
+        }
+        args
+    }
+
+    /// Kill one broker node, wait, and start it again: which node.
+    async fn kill_a_node(self, queue: &str) -> String {
+        let (script, node) = match self {
+            Broker::RabbitMq => ("start-rabbitmq", None),
+            // The node every client connects to first.
+            Broker::RabbitMqCluster => ("start-rabbitmq-cluster", Some("1".to_owned())),
+            Broker::JetStreamCluster => {
+                let leader = ci::ci_script("start-nats", &["leader", &stream_of(queue)]);
+                ("start-nats", Some(leader.trim().to_owned()))
+            }
+        };
+        let node_args: Vec<&str> = node.iter().map(String::as_str).collect();
+        ci::ci_script(script, &[&["kill"], &node_args[..]].concat());
+        tokio::time::sleep(Duration::from_millis(if node.is_some() { 2000 } else { 500 })).await;
+        ci::ci_script(script, &[&["start"], &node_args[..]].concat());
+        match node {
+            Some(node) => format!("node {node}"),
+            None => "the node".to_owned(),
+        }
+    }
+
+    /// How many deliveries of `queue` a consumer holds unsettled.
+    async fn unacked(self, url: &str, queue: &str) -> u64 {
+        let script = match self {
+            Broker::RabbitMq => "start-rabbitmq",
+            Broker::RabbitMqCluster => "start-rabbitmq-cluster",
+            Broker::JetStreamCluster => return ack_pending(url, &stream_of(queue)).await,
+        };
+        ci::ci_script(script, &["unacked", queue]).trim().parse().unwrap_or(0)
+    }
+}
+
+/// The stream the example keeps the subject `queue` in (its default).
+fn stream_of(queue: &str) -> String {
+    queue
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .collect()
+}
+
+/// Messages of `stream` delivered to the example's durable consumer and not yet acked
+/// (0 while the stream or the consumer is not there yet).
+async fn ack_pending(url: &str, stream: &str) -> u64 {
+    use idem::nats::async_nats::jetstream::{self, consumer::pull};
+    let servers: Vec<idem::nats::async_nats::ServerAddr> = url.split(',').map(|s| s.parse().unwrap()).collect();
+    let Ok(client) = idem::nats::async_nats::connect(servers).await else { return 0 };
+    let js = jetstream::new(client);
+    let Ok(stream) = js.get_stream(stream).await else { return 0 };
+    let Ok(mut consumer) = stream.get_consumer::<pull::Config>("pipeline").await else { return 0 };
+    consumer.info().await.map(|info| info.num_ack_pending as u64).unwrap_or(0)
+}
+
 async fn stats(base: &str) -> Option<Value> {
     reqwest::get(format!("{base}/stats")).await.ok()?.json().await.ok()
 }
@@ -210,34 +311,41 @@ fn figure(stats: &Value, name: &str) -> i64 {
         .unwrap_or_else(|| panic!("stats lack {name}: {stats}"))
 }
 
-/// On PostgreSQL, then on MariaDB (one after the other: both restart the one broker).
+/// Each broker on PostgreSQL, then on MariaDB: one run at a time (the runs of a broker
+/// restart its nodes, and the machine's two cores carry one pipeline at a time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_order_has_one_effect_through_kills_and_a_broker_restart() {
-    let Some(amqp) = idem_testkit::conformance::server_url("IDEM_TEST_AMQP_URL", "RabbitMQ") else {
-        return;
-    };
+async fn every_order_has_one_effect_through_kills_and_a_broker_node_restart() {
+    let brokers = [
+        (Broker::RabbitMq, "IDEM_TEST_AMQP_URL", "RabbitMQ"),
+        (Broker::RabbitMqCluster, "IDEM_TEST_AMQP_CLUSTER_URLS", "a RabbitMQ cluster"),
+        (Broker::JetStreamCluster, "IDEM_TEST_NATS_CLUSTER_URLS", "a NATS JetStream cluster"),
+    ];
     let servers = [
         ("postgres", "IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
         ("mariadb", "IDEM_TEST_MYSQL_URL", "MariaDB"),
     ];
-    for (name, var, backend) in servers {
-        if let Some(server) = idem_testkit::conformance::server_url(var, backend) {
-            pipeline_under_kills(&amqp, &server, name).await;
+    for (broker, broker_var, broker_name) in brokers {
+        let Some(url) = idem_testkit::conformance::server_url(broker_var, broker_name) else {
+            continue;
+        };
+        for (name, var, backend) in servers {
+            if let Some(server) = idem_testkit::conformance::server_url(var, backend) {
+                pipeline_under_kills(broker, &url, &server, name).await;
+            }
         }
     }
 }
 
-async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
-    let database = fresh_database(server, &format!("pipeline_{name}_{}", std::process::id())).await;
-    let queue = format!("pipeline.orders.{name}.{}", std::process::id());
+async fn pipeline_under_kills(broker: Broker, url: &str, server: &str, name: &str) {
+    let run = format!("{name}_{}_{}", broker_tag(broker), std::process::id());
+    let database = fresh_database(server, &format!("pipeline_{run}")).await;
+    let queue = format!("pipeline.orders.{run}");
     let binary = ci::example_binary("pipeline");
     let port = harness::free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "--database-url",
         &database,
-        "--amqp-url",
-        amqp,
         "--queue",
         &queue,
         "--listen",
@@ -247,6 +355,7 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
     ]
     .map(str::to_owned)
     .to_vec();
+    args.extend(broker.args(url));
     let mut parts = [
         Part::start(&binary, "http", &args),
         Part::start(&binary, "relay", &args),
@@ -266,23 +375,20 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
 
     // The kill schedule: at least 24 s of load, and on until the customers have placed
     // 120 orders (a loaded machine places fewer a second; at most 90 s), a kill every
-    // 0.4–1.2 s of each part in turn, and the broker killed and started again once, at
-    // about 10 s.
+    // 0.4–1.2 s of each part in turn, and a broker node killed and started again once,
+    // at about 10 s.
     let started = Instant::now();
     let loading = || {
         let elapsed = started.elapsed();
         elapsed < Duration::from_secs(24) || (accepted.lock().unwrap().len() < 120 && elapsed < Duration::from_secs(90))
     };
-    let mut broker_restarted = false;
+    let mut broker_restarted = None;
     let mut turn = 0;
     let mut rng = rand::rng();
     while loading() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(400..1200))).await;
-        if !broker_restarted && started.elapsed() > Duration::from_secs(10) {
-            ci::ci_script("start-rabbitmq", &["kill"]);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            ci::ci_script("start-rabbitmq", &["start"]);
-            broker_restarted = true;
+        if broker_restarted.is_none() && started.elapsed() > Duration::from_secs(10) {
+            broker_restarted = Some(broker.kill_a_node(&queue).await);
             continue;
         }
         // Each part in turn, at a random moment.
@@ -301,8 +407,8 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
     for customer in customers {
         retries += customer.await.unwrap();
     }
-    assert!(broker_restarted, "the broker was restarted");
-    let last = kill_a_consumer_holding_deliveries(&mut parts, &binary, &base, &queue).await;
+    let killed = broker_restarted.expect("a broker node was killed and restarted");
+    let last = kill_a_consumer_holding_deliveries(&mut parts, &binary, &base, (broker, url, &queue)).await;
     accepted.lock().unwrap().extend(last);
 
     // Drain: nothing pending, every order with its effects.
@@ -322,7 +428,8 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
     let accepted = accepted.lock().unwrap().clone();
     let kills: Vec<String> = parts.iter().map(|p| format!("{} {}", p.role, p.kills)).collect();
     println!(
-        "pipeline under kills on {name}: {} orders accepted, {retries} client retries, kills [{}], broker restarted once; figures {drained}",
+        "pipeline under kills on {name} through {}: {} orders accepted, {retries} client retries, kills [{}], {killed} of the broker killed and restarted; figures {drained}",
+        broker.name(),
         accepted.len(),
         kills.join(", ")
     );
@@ -335,11 +442,13 @@ async fn pipeline_under_kills(amqp: &str, server: &str, name: &str) {
         orders >= accepted.len() as i64,
         "an accepted order is missing: {drained}"
     );
-    assert_eq!(figure(&drained, "orders_without_one_effect"), 0, "{name}: {drained}");
-    assert_eq!(figure(&drained, "effects_without_order"), 0, "{name}: {drained}");
-    assert_eq!(figure(&drained, "points"), orders, "{name}: {drained}");
-    assert_eq!(figure(&drained, "sms"), orders, "{name}: {drained}");
-    assert_eq!(figure(&drained, "published"), orders, "{name}: {drained}");
+    let run = format!("{name} through {}", broker.name());
+    assert_eq!(figure(&drained, "orders_without_one_effect"), 0, "{run}: {drained}");
+    assert_eq!(figure(&drained, "effects_without_order"), 0, "{run}: {drained}");
+    assert_eq!(figure(&drained, "points"), orders, "{run}: {drained}");
+    assert_eq!(figure(&drained, "sms"), orders, "{run}: {drained}");
+    assert_eq!(figure(&drained, "published"), orders, "{run}: {drained}");
+    assert_eq!(figure(&drained, "pending"), 0, "{run}: nothing left unsent: {drained}");
     // The faults happened: the broker delivered some messages again (at least those the
     // slow consumer held when it was killed).
     assert!(

@@ -1,14 +1,13 @@
-//! Connections to the broker that come back: the consumer and the relay run sessions,
-//! and start a new one with a growing pause when the broker goes away.
+//! Connections to RabbitMQ: the broker's nodes, the first that answers from the one
+//! after the node last lost, and the topology declared on each new channel.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use idem_messaging::Backoff;
 use lapin::{Channel, Connection, ConnectionProperties};
-use tracing::{info, warn};
+use tracing::warn;
 
 /// What a new channel needs before it is used: exchanges, queues and bindings.
 pub(crate) type Setup =
@@ -105,42 +104,6 @@ pub(crate) async fn open(
             lapin::ConnectionState::Closed,
         ))),
     )
-}
-
-/// Who runs sessions: the consumer of a queue, or the relay of an outbox.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Role<'a> {
-    /// `consumer` or `relay`.
-    pub(crate) kind: &'static str,
-    /// The queue, or the outbox table.
-    pub(crate) name: &'a str,
-}
-
-/// Sessions one after another, for ever: each that ends is counted in `lost` (and in
-/// the metrics) and logged, and the next starts after a pause — the shortest again
-/// when the session made progress (`progress` grew).
-pub(crate) async fn sessions<F, Fut>(role: Role<'_>, url: &str, progress: &AtomicU64, lost: &AtomicU64, mut session: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), lapin::Error>>,
-{
-    let who = format!("{} of {}", role.kind, role.name);
-    let mut backoff = Backoff::new();
-    loop {
-        let before = progress.load(Ordering::Relaxed);
-        match session().await {
-            Ok(()) => info!(%who, "the broker ended the session; reconnecting"),
-            Err(error) => {
-                warn!(%who, broker = %idem_runtime::redacted_url(url), %error, "session failed; reconnecting")
-            }
-        }
-        lost.fetch_add(1, Ordering::Relaxed);
-        crate::observe::session_lost(role.kind, role.name);
-        if progress.load(Ordering::Relaxed) > before {
-            backoff.reset();
-        }
-        backoff.pause().await;
-    }
 }
 
 #[cfg(test)]

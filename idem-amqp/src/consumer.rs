@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use crate::connection::{self, Broker, Setup};
+use idem_messaging::session::{sessions, Role};
 use crate::message::{KeySource, Message};
 use crate::observe;
 use idem_messaging::{Attempts, ConsumerStats, Counters, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
@@ -170,15 +171,15 @@ impl Consumer {
         H: Fn(Message<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let role = connection::Role {
+        let shown = idem_runtime::redacted_url(&self.broker.url).to_string();
+        let role = Role {
             kind: "consumer",
             name: &self.queue,
+            broker: &shown,
         };
         let stats = &self.stats;
-        connection::sessions(role, &self.broker.url, &stats.deliveries, &stats.sessions_lost, || {
-            self.session(&handler)
-        })
-        .await;
+        let on_lost = || crate::observe::session_lost("consumer", &self.queue);
+        sessions(role, &stats.deliveries, &stats.sessions_lost, on_lost, || self.session(&handler)).await;
     }
 
     /// [`run`](Self::run) until `stop` completes. Deliveries in hand when it does are

@@ -16,7 +16,7 @@
 //!   finished message replays the first answer and is acked without running again.
 //!
 //! ```no_run
-//! use idem_amqp::{Consumer, HandlerError, Message, Outbox, OutboxMessage, Relay};
+//! use idem_amqp::{AmqpBroker, Consumer, HandlerError, Message, Outbox, OutboxMessage, Relay};
 //! use idem_runtime::Idempotent;
 //! use lapin::options::QueueDeclareOptions;
 //! use lapin::types::FieldTable;
@@ -40,7 +40,7 @@
 //! tx.commit().await?;
 //!
 //! // The relay: rows to the broker, confirmed.
-//! let relay = Relay::new(pool.clone(), outbox, amqp).on_connect(declare);
+//! let relay = Relay::new(pool.clone(), outbox, AmqpBroker::new(amqp).on_connect(declare));
 //! tokio::spawn(async move { relay.run().await });
 //!
 //! // The consumer: one credit per message, however often it is delivered.
@@ -106,10 +106,12 @@ pub use idem_messaging::OutboxDatabase;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use idem_messaging::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use relay::{
-    Relay, RelayError, RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT, DEFAULT_RELAY_ATTEMPTS,
-    DEFAULT_RETRY_AFTER, LONGEST_RETRY,
+pub use idem_messaging::relay::{
+    RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT, DEFAULT_RELAY_ATTEMPTS, DEFAULT_RETRY_AFTER,
+    LONGEST_RETRY,
 };
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use relay::{AmqpBroker, AmqpSession, Relay, RelayError};
 
 /// The AMQP client, re-exported as is: channels, declarations and options.
 pub use lapin;

@@ -646,8 +646,9 @@ async fn a_relay_on_a_standby_publishes_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let relay = Relay::new(standby, outbox.clone(), url.as_str());
+    let mut session = relay.connect().await.unwrap();
     for _ in 0..3 {
-        let error = relay.round(&channel).await.unwrap_err().to_string();
+        let error = relay.round(&mut session).await.unwrap_err().to_string();
         assert!(error.contains("read-only transaction"), "{error}");
     }
     let counts = outbox.counts(&primary).await.unwrap();

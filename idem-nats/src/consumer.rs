@@ -9,21 +9,26 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull, AckKind};
 use futures_util::StreamExt;
-use idem_messaging::{
-    Attempts, Backoff, ConsumerStats, Counters, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS,
-};
+use idem_messaging::session::{sessions, Role};
+use idem_messaging::{Attempts, ConsumerStats, Counters, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 use idem_runtime::observe::shown_key;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
+use crate::connection::{self, NatsError};
 use crate::message::{KeySource, Message};
+use crate::window::DuplicateWindow;
 
 /// How many messages a consumer asks for at once, and runs concurrently, by default.
 pub const DEFAULT_BATCH: usize = 32;
 
-/// How long a message that was not settled waits before the stream delivers it again,
+/// How long a message handed back (`nak`) waits before the stream delivers it again,
 /// by default.
 pub const DEFAULT_REDELIVER_AFTER: Duration = Duration::from_secs(1);
+
+/// How long the stream waits for a delivered message's settlement, by default: 30 s,
+/// JetStream's own default.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// A durable pull consumer of a JetStream stream that runs an idempotent handler per
 /// message and settles it by the handler's answer:
@@ -44,8 +49,10 @@ pub struct Consumer {
     key: KeySource,
     batch: usize,
     redeliver_after: Duration,
+    ack_wait: Duration,
     attempts: Arc<Attempts>,
     on_failure: OnFailure,
+    records_ttl: Option<Duration>,
     stats: Arc<Counters>,
 }
 
@@ -58,8 +65,10 @@ impl std::fmt::Debug for Consumer {
             .field("key", &self.key)
             .field("batch", &self.batch)
             .field("redeliver_after", &self.redeliver_after)
+            .field("ack_wait", &self.ack_wait)
             .field("max_attempts", &self.attempts.max())
             .field("on_failure", &self.on_failure)
+            .field("records_ttl", &self.records_ttl)
             .finish()
     }
 }
@@ -76,8 +85,10 @@ impl Consumer {
             key: KeySource::default(),
             batch: DEFAULT_BATCH,
             redeliver_after: DEFAULT_REDELIVER_AFTER,
+            ack_wait: DEFAULT_ACK_WAIT,
             attempts: Arc::new(Attempts::new(DEFAULT_MAX_ATTEMPTS)),
             on_failure: OnFailure::default(),
+            records_ttl: None,
             stats: Arc::default(),
         }
     }
@@ -102,6 +113,16 @@ impl Consumer {
         self
     }
 
+    /// How long the stream waits for a delivered message's settlement before it
+    /// delivers the message again — to this consumer or another — when its consumer
+    /// died holding it (default [`DEFAULT_ACK_WAIT`], JetStream's). Set when the
+    /// durable consumer is made; a handler that runs longer has its message delivered
+    /// again while it runs, and that copy is answered `InProgress` and delivered later.
+    pub fn ack_wait(mut self, wait: Duration) -> Self {
+        self.ack_wait = wait;
+        self
+    }
+
     /// How many times a message's body may fail, or its handler panic, before the
     /// message meets the [`OnFailure`] policy (default [`DEFAULT_MAX_ATTEMPTS`]; at
     /// least 1), counted by the stream's own delivery count across consumers.
@@ -113,6 +134,15 @@ impl Consumer {
     /// What happens to a message that can never succeed (default: terminated).
     pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
         self.on_failure = on_failure;
+        self
+    }
+
+    /// How long the handler's records are kept (its operation's `ttl`). Told it, the
+    /// consumer compares it with the stream's duplicate window at each connection, and
+    /// logs a warning when the window is shorter ([`DuplicateWindow`]). Default: not
+    /// told, not compared.
+    pub fn records_ttl(mut self, ttl: Duration) -> Self {
+        self.records_ttl = Some(ttl);
         self
     }
 
@@ -129,18 +159,14 @@ impl Consumer {
         H: Fn(Message<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let mut backoff = Backoff::new();
-        loop {
-            let before = self.stats.deliveries.load(Ordering::Relaxed);
-            if let Err(error) = self.session(&handler).await {
-                warn!(stream = %self.stream, consumer = %self.durable, %error, "session failed; connecting again");
-            }
-            self.stats.sessions_lost.fetch_add(1, Ordering::Relaxed);
-            if self.stats.deliveries.load(Ordering::Relaxed) > before {
-                backoff.reset();
-            }
-            backoff.pause().await;
-        }
+        let shown = idem_runtime::redacted_url(&self.servers).to_string();
+        let role = Role {
+            kind: "consumer",
+            name: &self.stream,
+            broker: &shown,
+        };
+        let stats = &self.stats;
+        sessions(role, &stats.deliveries, &stats.sessions_lost, || {}, || self.session(&handler)).await;
     }
 
     /// [`run`](Self::run) until `stop` completes. Messages in hand when it does are left
@@ -159,35 +185,33 @@ impl Consumer {
     }
 
     /// One connection's worth of messages: until a fetch fails.
-    async fn session<M, T, E, H, Fut>(&self, handler: &H) -> Result<(), async_nats::Error>
+    async fn session<M, T, E, H, Fut>(&self, handler: &H) -> Result<(), NatsError>
     where
         M: DeserializeOwned,
         E: HandlerError,
         H: Fn(Message<M>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let servers: Vec<async_nats::ServerAddr> = self
-            .servers
-            .split(',')
-            .map(|server| server.trim().parse())
-            .collect::<Result<_, _>>()?;
-        let client = async_nats::ConnectOptions::new()
-            .name(format!("idem consumer of {}", self.stream))
-            .connect(servers)
-            .await?;
-        let js = jetstream::new(client);
-        let consumer = js
-            .get_stream(&self.stream)
-            .await?
+        let js = connection::open(&self.servers, &format!("idem consumer of {}", self.stream)).await?;
+        let stream = js.get_stream(&self.stream).await.map_err(NatsError::new)?;
+        if let Some(ttl) = self.records_ttl {
+            let window = stream.cached_info().config.duplicate_window;
+            if let Some(note) = DuplicateWindow::check(&self.stream, window, ttl) {
+                warn!(stream = %self.stream, window = ?note.window, records_ttl = ?note.records_ttl, "{note}");
+            }
+        }
+        let consumer = stream
             .get_or_create_consumer(
                 &self.durable,
                 pull::Config {
                     durable_name: Some(self.durable.clone()),
                     ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: self.ack_wait,
                     ..Default::default()
                 },
             )
-            .await?;
+            .await
+            .map_err(NatsError::new)?;
         info!(stream = %self.stream, consumer = %self.durable, batch = self.batch, "consuming");
         loop {
             let messages = consumer
@@ -195,7 +219,8 @@ impl Consumer {
                 .max_messages(self.batch)
                 .expires(Duration::from_secs(1))
                 .messages()
-                .await?;
+                .await
+                .map_err(NatsError::new)?;
             let mut failure = None;
             messages
                 .take_while(|message| {
@@ -215,7 +240,7 @@ impl Consumer {
                 })
                 .await;
             if let Some(failure) = failure {
-                return Err(failure.into());
+                return Err(NatsError::new(failure));
             }
         }
     }

@@ -36,10 +36,22 @@
 //! consumer), `serde`/`serde_json` (message bodies), `futures-util` (a batch run
 //! concurrently), `tokio`, `tracing`.
 
+mod connection;
 mod consumer;
 mod message;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod relay;
+mod window;
 
-pub use consumer::{Consumer, DEFAULT_BATCH, DEFAULT_REDELIVER_AFTER};
+pub use connection::NatsError;
+pub use consumer::{Consumer, DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_REDELIVER_AFTER};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use idem_messaging::relay::RelayStats;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use idem_messaging::{Outbox, OutboxMessage};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use relay::{JetStreamBroker, JetStreamSession, Relay, RelayError};
+pub use window::DuplicateWindow;
 pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 pub use message::{KeyFn, KeySource, Message, MSG_ID};
 

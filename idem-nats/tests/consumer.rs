@@ -11,14 +11,7 @@ use idem_runtime::{Error, Idempotent, MemoryStore};
 use serde_json::Value;
 
 fn nats_url() -> Option<String> {
-    match std::env::var("IDEM_TEST_NATS_URL") {
-        Ok(url) => Some(url),
-        Err(_) => {
-            println!("NOT RUN: IDEM_TEST_NATS_URL is unset (start it with `eval \"$(.ci/start-nats)\"`)");
-            assert!(std::env::var_os("CI").is_none(), "CI must run the NATS tests");
-            None
-        }
-    }
+    idem_testkit::conformance::server_url("IDEM_TEST_NATS_URL", "NATS")
 }
 
 /// A fresh stream `name` on subject `name.in`, and a way to publish to it with an
