@@ -186,7 +186,7 @@ where
 pin_project_lite::pin_project! {
     /// A future whose output is turned into another by a function, without an `async`
     /// block around it (which would hold the future twice).
-    pub struct Mapped<F, O> where F: Future {
+    struct Mapped<F, O> where F: Future {
         #[pin]
         future: F,
         map: fn(F::Output) -> O,

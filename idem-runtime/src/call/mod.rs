@@ -77,10 +77,10 @@ pub(crate) enum CallStore<'a> {
 
 /// The call itself, with the way a failure is described in a `FAIL` record, in its span.
 ///
-/// The body is held once in the returned future: every layer between the public entry
-/// points and the body's own poll is a plain function or takes the body pinned, so a
-/// body of a few kilobytes (an HTTP handler, a transaction) is neither copied layer by
-/// layer nor held several times over.
+/// The returned future holds the body at most twice (as handed in, and pinned where it
+/// runs): every layer between the public entry points and the body's own poll is a
+/// plain function or takes the body pinned, so a body of a few kilobytes (an HTTP
+/// handler, a transaction) is not copied layer by layer (`tests/call_future.rs`).
 pub(crate) fn call<'a, T, E, F>(
     op: &'a Idempotent,
     store: CallStore<'a>,
