@@ -54,9 +54,9 @@ use idem::amqp::lapin::options::QueueDeclareOptions;
 use idem::amqp::lapin::types::{AMQPValue, FieldTable};
 use idem::amqp::lapin::Channel;
 use idem::amqp::{AmqpBroker, HandlerError, Outbox, OutboxMessage};
+use idem::http::IdempotencyLayer;
 use idem::nats::async_nats::jetstream;
 use idem::nats::JetStreamBroker;
-use idem::http::IdempotencyLayer;
 use idem::Idempotent;
 use serde::{Deserialize, Serialize};
 
@@ -201,8 +201,10 @@ async fn declare(channel: Channel, queue: String, quorum: bool) -> Result<(), id
 /// The JetStream stream that keeps `subject` on the servers at `servers`, made if
 /// missing: on file, with a replica per server (up to three).
 async fn ensure_stream(servers: &str, name: &str, subject: &str) -> Result<(), Box<dyn std::error::Error>> {
-    let addresses: Vec<idem::nats::async_nats::ServerAddr> =
-        servers.split(',').map(|server| server.trim().parse()).collect::<Result<_, _>>()?;
+    let addresses: Vec<idem::nats::async_nats::ServerAddr> = servers
+        .split(',')
+        .map(|server| server.trim().parse())
+        .collect::<Result<_, _>>()?;
     let replicas = addresses.len().min(3);
     let js = jetstream::new(idem::nats::async_nats::connect(addresses).await?);
     js.get_or_create_stream(jetstream::stream::Config {
@@ -220,7 +222,13 @@ async fn ensure_stream(servers: &str, name: &str, subject: &str) -> Result<(), B
 fn stream_of(subject: &str) -> String {
     subject
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 

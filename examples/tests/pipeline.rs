@@ -285,7 +285,13 @@ impl Broker {
 fn stream_of(queue: &str) -> String {
     queue
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -294,11 +300,21 @@ fn stream_of(queue: &str) -> String {
 async fn ack_pending(url: &str, stream: &str) -> u64 {
     use idem::nats::async_nats::jetstream::{self, consumer::pull};
     let servers: Vec<idem::nats::async_nats::ServerAddr> = url.split(',').map(|s| s.parse().unwrap()).collect();
-    let Ok(client) = idem::nats::async_nats::connect(servers).await else { return 0 };
+    let Ok(client) = idem::nats::async_nats::connect(servers).await else {
+        return 0;
+    };
     let js = jetstream::new(client);
-    let Ok(stream) = js.get_stream(stream).await else { return 0 };
-    let Ok(mut consumer) = stream.get_consumer::<pull::Config>("pipeline").await else { return 0 };
-    consumer.info().await.map(|info| info.num_ack_pending as u64).unwrap_or(0)
+    let Ok(stream) = js.get_stream(stream).await else {
+        return 0;
+    };
+    let Ok(mut consumer) = stream.get_consumer::<pull::Config>("pipeline").await else {
+        return 0;
+    };
+    consumer
+        .info()
+        .await
+        .map(|info| info.num_ack_pending as u64)
+        .unwrap_or(0)
 }
 
 async fn stats(base: &str) -> Option<Value> {
@@ -317,8 +333,16 @@ fn figure(stats: &Value, name: &str) -> i64 {
 async fn every_order_has_one_effect_through_kills_and_a_broker_node_restart() {
     let brokers = [
         (Broker::RabbitMq, "IDEM_TEST_AMQP_URL", "RabbitMQ"),
-        (Broker::RabbitMqCluster, "IDEM_TEST_AMQP_CLUSTER_URLS", "a RabbitMQ cluster"),
-        (Broker::JetStreamCluster, "IDEM_TEST_NATS_CLUSTER_URLS", "a NATS JetStream cluster"),
+        (
+            Broker::RabbitMqCluster,
+            "IDEM_TEST_AMQP_CLUSTER_URLS",
+            "a RabbitMQ cluster",
+        ),
+        (
+            Broker::JetStreamCluster,
+            "IDEM_TEST_NATS_CLUSTER_URLS",
+            "a NATS JetStream cluster",
+        ),
     ];
     let servers = [
         ("postgres", "IDEM_TEST_POSTGRES_URL", "PostgreSQL"),

@@ -16,9 +16,9 @@ use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use crate::connection::{self, Broker, Setup};
-use idem_messaging::session::{sessions, Role};
 use crate::message::{KeySource, Message};
 use crate::observe;
+use idem_messaging::session::{sessions, Role};
 use idem_messaging::{Attempts, ConsumerStats, Counters, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 
 /// Consumes one queue through an idempotent handler, with acks that follow the record.
@@ -179,7 +179,10 @@ impl Consumer {
         };
         let stats = &self.stats;
         let on_lost = || crate::observe::session_lost("consumer", &self.queue);
-        sessions(role, &stats.deliveries, &stats.sessions_lost, on_lost, || self.session(&handler)).await;
+        sessions(role, &stats.deliveries, &stats.sessions_lost, on_lost, || {
+            self.session(&handler)
+        })
+        .await;
     }
 
     /// [`run`](Self::run) until `stop` completes. Deliveries in hand when it does are

@@ -102,14 +102,14 @@ pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATT
 pub use message::{KeyFn, KeySource, Message};
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use idem_messaging::OutboxDatabase;
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use idem_messaging::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use idem_messaging::relay::{
     RelayStats, DEFAULT_BATCH, DEFAULT_IDLE, DEFAULT_KEEP_SENT, DEFAULT_RELAY_ATTEMPTS, DEFAULT_RETRY_AFTER,
     LONGEST_RETRY,
 };
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use idem_messaging::OutboxDatabase;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub use idem_messaging::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use relay::{AmqpBroker, AmqpSession, Relay, RelayError};
 

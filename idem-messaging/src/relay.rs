@@ -323,7 +323,9 @@ impl<DB: OutboxDatabase, B: Broker> Relay<DB, B> {
 
     /// A session on the broker, for [`round`](Self::round).
     pub async fn connect(&self) -> Result<B::Session, B::Error> {
-        self.broker.connect(&format!("idem relay of {}", self.outbox.table())).await
+        self.broker
+            .connect(&format!("idem relay of {}", self.outbox.table()))
+            .await
     }
 
     /// Rounds on one session, until the broker fails.
@@ -418,7 +420,10 @@ impl<DB: OutboxDatabase, B: Broker> Relay<DB, B> {
         if rows.is_empty() {
             return Ok(Published::default());
         }
-        self.broker.publish(session, rows, tally).await.map_err(RelayError::Broker)
+        self.broker
+            .publish(session, rows, tally)
+            .await
+            .map_err(RelayError::Broker)
     }
 
     /// Count each failed row's attempt; set its next one, or park it.
@@ -545,8 +550,7 @@ mod tests {
     #[tokio::test]
     async fn a_failing_row_waits_longer_after_each_failure() {
         let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-        let relay =
-            Relay::<_, Unreached>::new(pool, Outbox::new(), "nowhere").retry_after(Duration::from_millis(500));
+        let relay = Relay::<_, Unreached>::new(pool, Outbox::new(), "nowhere").retry_after(Duration::from_millis(500));
         let pauses: Vec<u64> = [1, 2, 3, 4, 10, 40]
             .map(|n| relay.pause_after(n).as_millis() as u64)
             .to_vec();

@@ -24,8 +24,13 @@ pub struct Role<'a> {
 /// Sessions one after another, for ever: each that ends is counted in `lost`, told to
 /// `on_lost` (the broker's metrics) and logged, and the next starts after a pause — the
 /// shortest again when the session made progress (`progress` grew meanwhile).
-pub async fn sessions<F, Fut, E>(role: Role<'_>, progress: &AtomicU64, lost: &AtomicU64, on_lost: impl Fn(), mut session: F)
-where
+pub async fn sessions<F, Fut, E>(
+    role: Role<'_>,
+    progress: &AtomicU64,
+    lost: &AtomicU64,
+    on_lost: impl Fn(),
+    mut session: F,
+) where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<(), E>>,
     E: Display,

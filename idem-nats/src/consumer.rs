@@ -146,6 +146,20 @@ impl Consumer {
         self
     }
 
+    /// The stream's duplicate window against the records' ttl, as the consumer logs it
+    /// at each connection: the note when the window is shorter, `None` when it is not
+    /// or the consumer was not told the ttl ([`records_ttl`](Self::records_ttl)).
+    pub async fn duplicate_window(&self) -> Result<Option<DuplicateWindow>, NatsError> {
+        let js = connection::open(&self.servers, &format!("idem consumer of {}", self.stream)).await?;
+        let stream = js.get_stream(&self.stream).await.map_err(NatsError::new)?;
+        Ok(self.window_note(stream.cached_info()))
+    }
+
+    /// The note for the stream described by `info`, when the consumer knows the ttl.
+    fn window_note(&self, info: &jetstream::stream::Info) -> Option<DuplicateWindow> {
+        DuplicateWindow::check(&self.stream, info.config.duplicate_window, self.records_ttl?)
+    }
+
     /// What this consumer (and its clones) did so far.
     pub fn stats(&self) -> ConsumerStats {
         self.stats.snapshot()
@@ -166,7 +180,14 @@ impl Consumer {
             broker: &shown,
         };
         let stats = &self.stats;
-        sessions(role, &stats.deliveries, &stats.sessions_lost, || {}, || self.session(&handler)).await;
+        sessions(
+            role,
+            &stats.deliveries,
+            &stats.sessions_lost,
+            || {},
+            || self.session(&handler),
+        )
+        .await;
     }
 
     /// [`run`](Self::run) until `stop` completes. Messages in hand when it does are left
@@ -194,11 +215,8 @@ impl Consumer {
     {
         let js = connection::open(&self.servers, &format!("idem consumer of {}", self.stream)).await?;
         let stream = js.get_stream(&self.stream).await.map_err(NatsError::new)?;
-        if let Some(ttl) = self.records_ttl {
-            let window = stream.cached_info().config.duplicate_window;
-            if let Some(note) = DuplicateWindow::check(&self.stream, window, ttl) {
-                warn!(stream = %self.stream, window = ?note.window, records_ttl = ?note.records_ttl, "{note}");
-            }
+        if let Some(note) = self.window_note(stream.cached_info()) {
+            warn!(stream = %self.stream, window = ?note.window, records_ttl = ?note.records_ttl, "{note}");
         }
         let consumer = stream
             .get_or_create_consumer(

@@ -47,13 +47,13 @@ pub use connection::NatsError;
 pub use consumer::{Consumer, DEFAULT_ACK_WAIT, DEFAULT_BATCH, DEFAULT_REDELIVER_AFTER};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use idem_messaging::relay::RelayStats;
+pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use idem_messaging::{Outbox, OutboxMessage};
+pub use message::{KeyFn, KeySource, Message, MSG_ID};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use relay::{JetStreamBroker, JetStreamSession, Relay, RelayError};
 pub use window::DuplicateWindow;
-pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
-pub use message::{KeyFn, KeySource, Message, MSG_ID};
 
 /// The NATS client this crate is built on, for the types its API takes.
 pub use async_nats;

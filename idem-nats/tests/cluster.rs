@@ -27,7 +27,8 @@ fn nats_script(args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
-    let Some(urls) = idem_testkit::conformance::server_url("IDEM_TEST_NATS_CLUSTER_URLS", "a NATS JetStream cluster") else {
+    let Some(urls) = idem_testkit::conformance::server_url("IDEM_TEST_NATS_CLUSTER_URLS", "a NATS JetStream cluster")
+    else {
         return;
     };
     let servers: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();

@@ -123,3 +123,62 @@ async fn copies_run_once_and_a_poison_message_is_terminated_at_its_bound() {
     assert_eq!(runs.get("order-3"), None, "a body that does not decode is not run");
     assert_eq!(stats.requeued, 2, "the poison came back twice: {stats:?}");
 }
+
+/// A consumer that runs a failing message twice and stops (within the 300 ms before the
+/// next delivery), then a fresh one (its own count at zero) on the same durable
+/// consumer: the stream's delivery count bounds the message across the two, 3 runs in
+/// all, not 2 + 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_is_bounded_across_consumers_by_the_streams_count() {
+    let Some(url) = nats_url() else { return };
+    let name = "idem_consumer_bound";
+    let js = fresh_stream(&url, name).await;
+    publish(&js, name, "poison", r#"{"points": 1}"#).await;
+    let runs = Arc::new(Mutex::new(0u32));
+    let consumer = || {
+        Consumer::new(&url, name, "credit")
+            .key(KeySource::Header("Order-Id".into()))
+            .redeliver_after(Duration::from_millis(300))
+            .max_attempts(3)
+    };
+    let handler = |runs: Arc<Mutex<u32>>| {
+        let credit = Idempotent::new("nats.bound").store(Arc::new(MemoryStore::new()));
+        move |message: Message<Value>| {
+            let (credit, runs) = (credit.clone(), runs.clone());
+            async move {
+                credit
+                    .execute(&message.key, async move {
+                        *runs.lock().unwrap() += 1;
+                        Err::<Value, _>(CreditError::Refused)
+                    })
+                    .await
+            }
+        }
+    };
+    let first = consumer();
+    let watched = first.clone();
+    let twice = async move {
+        while watched.stats().requeued < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    first.run_until(twice, handler(runs.clone())).await;
+    assert_eq!(*runs.lock().unwrap(), 2);
+
+    let second = consumer();
+    let watched = second.clone();
+    let failed = async move {
+        while watched.stats().failed < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), second.run_until(failed, handler(runs.clone())))
+        .await
+        .expect("the second consumer met the bound");
+    assert_eq!(
+        *runs.lock().unwrap(),
+        3,
+        "the bound counts the first consumer's runs too"
+    );
+    assert_eq!(second.stats().requeued, 0, "{:?}", second.stats());
+}

@@ -13,7 +13,7 @@ use idem::amqp::lapin::options::{
 };
 use idem::amqp::lapin::types::FieldTable;
 use idem::amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use idem::amqp::{Consumer, Message, Outbox, OutboxMessage, Relay};
+use idem::amqp::{AmqpBroker, Consumer, Message, Outbox, OutboxMessage};
 use idem::{Error, Idempotent};
 use serde_json::Value;
 
@@ -103,11 +103,16 @@ where
     started.elapsed().as_secs_f64() * 1e6 / n as f64
 }
 
-/// Rows of an outbox on PostgreSQL relayed by `relays` relays; messages per second.
-async fn relay(url: &str, database: &str, n: usize, relays: usize) -> f64 {
+/// `n` rows of an outbox on PostgreSQL, each a message to `destination` (a queue, a
+/// subject), relayed to `broker` by `relays` relays; messages per second.
+pub async fn relay<B: idem_messaging::Broker + Clone>(
+    database: &str,
+    destination: &str,
+    n: usize,
+    relays: usize,
+    broker: B,
+) -> f64 {
     let pool = idem::sqlx::PgPool::connect(database).await.unwrap();
-    let (_connection, channel) = channel(url).await;
-    filled(&channel, "idem.bench.relay", 0).await;
     let outbox = Outbox::<idem::sqlx::Postgres>::named("idem_bench_outbox").unwrap();
     idem::sqlx::query("DROP TABLE IF EXISTS idem_bench_outbox")
         .execute(&pool)
@@ -115,14 +120,17 @@ async fn relay(url: &str, database: &str, n: usize, relays: usize) -> f64 {
         .unwrap();
     outbox.migrate(&pool).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
-    let message = OutboxMessage::json("", "idem.bench.relay", &serde_json::json!({"points": 7})).unwrap();
+    let message = OutboxMessage::json("", destination, &serde_json::json!({"points": 7})).unwrap();
     for _ in 0..n {
         outbox.push(&mut tx, &message).await.unwrap();
     }
     tx.commit().await.unwrap();
     let started = Instant::now();
     let relays: Vec<_> = (0..relays)
-        .map(|_| Relay::new(pool.clone(), outbox.clone(), url).idle(Duration::from_millis(5)))
+        .map(|_| {
+            idem_messaging::Relay::<_, B>::new(pool.clone(), outbox.clone(), broker.clone())
+                .idle(Duration::from_millis(5))
+        })
         .collect();
     let watching = outbox.clone();
     let counting = pool.clone();
@@ -167,8 +175,10 @@ pub async fn report(calls: usize) {
         );
         println!("\n| outbox relay, PostgreSQL → RabbitMQ, confirms | messages/s |");
         println!("|---|---|");
+        let (_connection, channel) = channel(&url).await;
+        filled(&channel, "idem.bench.relay", 0).await;
         for relays in [1, 3] {
-            let rate = relay(&url, &database, calls * 5, relays).await;
+            let rate = relay(&database, "idem.bench.relay", calls * 5, relays, AmqpBroker::new(&url)).await;
             println!("| {relays} relay(s), batch 100 | {rate:.0} |");
         }
     }

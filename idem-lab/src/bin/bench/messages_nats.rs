@@ -1,5 +1,6 @@
 //! Messages on NATS JetStream (`IDEM_TEST_NATS_URL`): the consumer helper's cost per
-//! message against a bare pull consumer that acks, beside RabbitMQ's rows. A file-backed
+//! message against a bare pull consumer that acks, and the outbox relay's rate, beside
+//! RabbitMQ's rows. A file-backed
 //! stream, every publish acknowledged.
 
 use std::sync::Arc;
@@ -112,5 +113,13 @@ pub async fn report(calls: usize) {
             "| `Consumer` + idempotent handler on PostgreSQL (claim + record) | {idem_us:.0} | {:.2} |",
             idem_us / bare_us
         );
+        println!("\n| outbox relay, PostgreSQL → JetStream, publish acks | messages/s |");
+        println!("|---|---|");
+        filled(&url, "idem_bench_relay", 0).await;
+        for relays in [1, 3] {
+            let broker = idem_nats::JetStreamBroker::new(&url);
+            let rate = crate::messages::relay(&database, "idem_bench_relay.in", calls * 5, relays, broker).await;
+            println!("| {relays} relay(s), batch 100 | {rate:.0} |");
+        }
     }
 }
