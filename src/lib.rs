@@ -297,7 +297,7 @@
 //! `http-reqwest` its outgoing-key helper on `reqwest::RequestBuilder` and
 //! `KeyedClient`, `http-tonic` the `GrpcRetryLayer` for tonic clients. `amqp` adds
 //! `idem::amqp`: RabbitMQ consumers that ack only what is recorded, and the outbox
-//! relay.
+//! relay; `nats` adds `idem::nats`, the same for NATS JetStream.
 //!
 //! # Dependencies, and why
 //!
@@ -314,7 +314,9 @@
 //! attribute), `strsim` ("did you mean" hints for misspelt options), and with feature
 //! `http` the layer's own (`http`, `http-body-util`, `tower-layer`, `sfv` for the
 //! header's structured-field syntax, `base64` for binary bodies in the record), and with
-//! feature `amqp` `lapin` (the AMQP client) and `futures-util`. The
+//! feature `amqp` `lapin` (the AMQP client) and `futures-util`, with feature `nats`
+//! `async-nats` (the official NATS client, with JetStream); both share
+//! `idem-messaging`. The
 //! tests and examples add `idem-testkit` (the conformance suite and harness every store
 //! is tested with), `proptest` (the model test), `rand` (the pipeline test's random
 //! kills) and `clap` (the pipeline example's flags). The lab tools (the chaos runner, the
