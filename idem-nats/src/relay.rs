@@ -2,7 +2,7 @@
 //! `Nats-Msg-Id`, waits for the stream's publish acks, and marks rows sent only then.
 
 use async_nats::header::HeaderMap;
-use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishAckFuture, PublishErrorKind};
 use async_nats::jetstream::{self, context::PublishError};
 use idem_messaging::relay::{Failed, Published, Tally};
 use idem_messaging::OutboxRow;
@@ -28,8 +28,8 @@ use crate::MSG_ID;
 /// duplicate ack included (the stream already holds the message). A subject no stream
 /// takes fails the row's attempt (counted as returned), as does a publish the stream
 /// refused (counted as refused); the row waits, and is parked after the relay's bound.
-/// An ack that does not come (a server killed, a stream without a leader) ends the
-/// session: nothing of its batch is marked, and the batch is published again with the
+/// An ack that does not come (a server killed) or a stream that takes the subject but
+/// does not answer (its replicas electing a leader) ends the session: nothing of its batch is marked, and the batch is published again with the
 /// same ids, which the stream drops as duplicates within its duplicate window — and
 /// which, after it, the consumer's records absorb.
 pub type Relay<DB> = idem_messaging::Relay<DB, JetStreamBroker>;
@@ -109,6 +109,14 @@ impl idem_messaging::Broker for JetStreamBroker {
                 published.failed.push(Failed { row, error });
                 continue;
             }
+            if !is_subject(&message.routing_key) {
+                let error = format!(
+                    "{:?} is not a NATS subject to publish to (tokens separated by dots, no spaces, no wildcards)",
+                    message.routing_key
+                );
+                published.failed.push(Failed { row, error });
+                continue;
+            }
             let mut headers = HeaderMap::new();
             for (name, value) in &message.headers {
                 headers.insert(name.as_str(), value.as_str());
@@ -127,25 +135,28 @@ impl idem_messaging::Broker for JetStreamBroker {
                     tally.published(1);
                     pending.push((row, ack));
                 }
-                Err(error) => match row_failure(&error) {
-                    Some(why) => published.failed.push(Failed { row, error: why }),
-                    None => return Err(NatsError::new(error)),
-                },
+                // Refused before it was sent: larger than the servers take.
+                Err(error) if error.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    tally.refused();
+                    let error = NotTaken::Refused(error).to_string();
+                    published.failed.push(Failed { row, error });
+                }
+                Err(error) => return Err(NatsError::new(error)),
             }
         }
         for (row, ack) in pending {
             match ack.await {
                 Ok(_) => published.confirmed.push(row.id),
                 Err(error) => {
-                    let Some(why) = row_failure(&error) else {
-                        return Err(NatsError::new(error));
-                    };
-                    if error.kind() == PublishErrorKind::StreamNotFound {
-                        tally.returned();
-                    } else {
-                        tally.refused();
+                    let why = session.why_not_taken(row, error).await?;
+                    match why {
+                        NotTaken::NoStream => tally.returned(),
+                        NotTaken::Refused(_) => tally.refused(),
                     }
-                    published.failed.push(Failed { row, error: why });
+                    published.failed.push(Failed {
+                        row,
+                        error: why.to_string(),
+                    });
                 }
             }
         }
@@ -153,12 +164,74 @@ impl idem_messaging::Broker for JetStreamBroker {
     }
 }
 
-/// Why a row failed, when `error` is the row's own failure; `None` when the servers
-/// failed (no ack in time, the connection gone) and the session must end.
-fn row_failure(error: &PublishError) -> Option<String> {
-    match error.kind() {
-        PublishErrorKind::StreamNotFound => Some("no stream takes the subject".to_owned()),
-        PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending => None,
-        _ => Some(format!("the stream refused the message: {error}")),
+/// Why the stream did not take a row.
+enum NotTaken {
+    /// No stream takes the row's subject.
+    NoStream,
+    /// The stream refused the message, saying why.
+    Refused(PublishError),
+}
+
+impl std::fmt::Display for NotTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotTaken::NoStream => f.write_str("no stream takes the subject"),
+            NotTaken::Refused(error) => write!(f, "the stream refused the message: {error}"),
+        }
+    }
+}
+
+impl JetStreamSession {
+    /// Whether `error`, the answer to `row`'s publish, is the row's own failure, and
+    /// which; or the servers' (no ack in time, the connection gone, a stream that takes
+    /// the subject but has no leader to answer while its replicas elect one), which
+    /// ends the session: the batch is published again, with the same ids.
+    async fn why_not_taken(&self, row: &OutboxRow, error: PublishError) -> Result<NotTaken, NatsError> {
+        match error.kind() {
+            // "No responders": no stream takes the subject — or one does and has no
+            // leader this moment. Only the stream list tells which.
+            PublishErrorKind::StreamNotFound => match self.js.stream_by_subject(row.message.routing_key.as_str()).await
+            {
+                Err(lookup) if lookup.kind() == GetStreamByNameErrorKind::NotFound => Ok(NotTaken::NoStream),
+                Ok(_) => Err(NatsError::new(error)),
+                Err(lookup) => Err(NatsError::new(lookup)),
+            },
+            PublishErrorKind::TimedOut | PublishErrorKind::BrokenPipe | PublishErrorKind::MaxAckPending => {
+                Err(NatsError::new(error))
+            }
+            _ => Ok(NotTaken::Refused(error)),
+        }
+    }
+}
+
+/// Whether `subject` can be published to: tokens separated by dots, none empty, no
+/// whitespace, no wildcard.
+fn is_subject(subject: &str) -> bool {
+    !subject.is_empty()
+        && !subject.contains(char::is_whitespace)
+        && subject
+            .split('.')
+            .all(|token| !token.is_empty() && token != "*" && token != ">")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_subject;
+
+    #[test]
+    fn a_subject_is_dotted_tokens_without_wildcards() {
+        assert!(is_subject("orders"));
+        assert!(is_subject("orders.eu.placed"));
+        for not in [
+            "",
+            "orders.",
+            ".orders",
+            "orders..eu",
+            "orders.*",
+            "orders.>",
+            "two words",
+        ] {
+            assert!(!is_subject(not), "{not:?}");
+        }
     }
 }

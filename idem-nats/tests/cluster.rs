@@ -1,4 +1,6 @@
-//! A three-node JetStream cluster with a node killed mid-load: every message one effect.
+//! A three-node JetStream cluster with the stream's leader killed mid-load: the outbox
+//! relay publishes every row, none counted as failed while the replicas elect another
+//! leader, the stream holds each once, and the consumer makes one effect of each.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,7 +10,7 @@ use idem_nats::async_nats::{
     self,
     jetstream::{self, stream},
 };
-use idem_nats::{Consumer, Message};
+use idem_nats::{Consumer, JetStreamBroker, Message, Outbox, OutboxMessage, Relay};
 use idem_runtime::{Error, Idempotent, MemoryStore};
 
 const MESSAGES: usize = 2000;
@@ -48,32 +50,37 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
     })
     .await
     .unwrap();
-    let publisher = {
-        let js = jetstream::new(connect().await.unwrap());
-        let subject = subject.clone();
-        tokio::spawn(async move {
-            let mut retried = 0;
-            for i in 0..MESSAGES {
-                loop {
-                    let mut headers = async_nats::HeaderMap::new();
-                    headers.insert("Nats-Msg-Id", format!("order-{i}").as_str());
-                    let sent = async {
-                        js.publish_with_headers(subject.clone(), headers, i.to_string().into())
-                            .await?
-                            .await
-                    };
-                    match tokio::time::timeout(Duration::from_secs(3), sent).await {
-                        Ok(Ok(_)) => break,
-                        _ => {
-                            retried += 1;
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                }
-            }
-            retried
-        })
-    };
+    // The rows, in an outbox on SQLite, and a relay to the cluster.
+    let path = std::env::temp_dir().join(format!("idem-nats-cluster-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap();
+    let outbox = Outbox::new();
+    outbox.migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for i in 0..MESSAGES {
+        outbox
+            .push(&mut tx, &OutboxMessage::json("", &subject, &i).unwrap())
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    // Small batches, so that the relay is still publishing when the leader dies.
+    let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(&urls))
+        .batch(5)
+        .idle(Duration::from_millis(20));
+    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn({
+        let relay = relay.clone();
+        async move {
+            relay
+                .run_until(async {
+                    let _ = relay_stopped.await;
+                })
+                .await
+        }
+    });
 
     let credit = Idempotent::new("credit").store(Arc::new(MemoryStore::new()));
     let effects: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
@@ -87,7 +94,7 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
                     async {
                         let _ = stopped.await;
                     },
-                    move |message: Message<u64>| {
+                    move |message: Message<usize>| {
                         let (credit, effects) = (credit.clone(), effects.clone());
                         async move {
                             let key = message.key.clone();
@@ -111,7 +118,7 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
             "the load did not finish: {:?}",
             consumer.stats()
         );
-        if !killed && effects.lock().unwrap().len() > MESSAGES / 3 {
+        if !killed && relay.stats().marked_sent > MESSAGES as u64 / 5 {
             // The node that leads the stream's replicas: its followers elect another.
             let leader = {
                 let name = name.clone();
@@ -137,8 +144,33 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
     // Redeliveries of settled messages, if any, come within the ack wait.
     tokio::time::sleep(Duration::from_secs(1)).await;
     drop(stop);
+    drop(stop_relay);
     let deliveries = consumer.stats().deliveries;
-    let retried = publisher.await.unwrap();
+    let relayed = relay.stats();
+    let counts = outbox.counts(&pool).await.unwrap();
+    assert_eq!(
+        (counts.sent, counts.pending, counts.dead),
+        (MESSAGES as i64, 0, 0),
+        "{relayed:?}"
+    );
+    assert_eq!(
+        (relayed.retried_later, relayed.parked, relayed.returned),
+        (0, 0, 0),
+        "a stream between two leaders is the servers' failure, never a row's: {relayed:?}"
+    );
+    // The stream's state, once the cluster answers again (the killed node rejoins).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stored = loop {
+        match js.get_stream(&name).await {
+            Ok(mut stream) => match stream.info().await {
+                Ok(info) => break info.state.messages,
+                Err(error) => assert!(Instant::now() < deadline, "no stream info: {error}"),
+            },
+            Err(error) => assert!(Instant::now() < deadline, "no stream: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(stored, MESSAGES as u64, "the stream holds each row once");
     {
         let effects = effects.lock().unwrap();
         let twice: Vec<_> = effects.iter().filter(|(_, n)| **n != 1).collect();
@@ -146,7 +178,9 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
         assert_eq!(effects.len(), MESSAGES);
     }
     println!(
-        "{MESSAGES} messages, a node killed mid-load: {deliveries} deliveries, {retried} publishes retried, every message one effect, in {:.1?}",
+        "{MESSAGES} rows relayed, the stream's leader killed mid-load: {} published ({} sessions lost), {deliveries} deliveries, every message one effect, in {:.1?}",
+        relayed.published,
+        relayed.sessions_lost,
         started.elapsed()
     );
     let _ = js.delete_stream(&name).await;
