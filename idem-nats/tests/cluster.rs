@@ -67,7 +67,23 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
     }
     tx.commit().await.unwrap();
     // Small batches, so that the relay is still publishing when the leader dies.
-    let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(&urls))
+    // The node that leads the stream's replicas, to be killed mid-load: the relay is
+    // given the two others, so that it stays connected while the followers elect
+    // another leader and meets the stream between two leaders.
+    let leader = {
+        let name = name.clone();
+        tokio::task::spawn_blocking(move || nats_script(&["leader", &name]))
+            .await
+            .unwrap()
+    };
+    let followers: Vec<&str> = urls
+        .split(',')
+        .enumerate()
+        .filter(|(i, _)| (i + 1).to_string() != leader)
+        .map(|(_, url)| url)
+        .collect();
+    assert_eq!(followers.len(), 2, "the leader {leader:?} is one of the three nodes");
+    let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(followers.join(",")))
         .batch(5)
         .idle(Duration::from_millis(20));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -119,13 +135,8 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
             consumer.stats()
         );
         if !killed && relay.stats().marked_sent > MESSAGES as u64 / 5 {
-            // The node that leads the stream's replicas: its followers elect another.
-            let leader = {
-                let name = name.clone();
-                tokio::task::spawn_blocking(move || nats_script(&["leader", &name]))
-                    .await
-                    .unwrap()
-            };
+            // The stream's leader: its followers elect another.
+            let leader = leader.clone();
             let killed_node = leader.clone();
             tokio::task::spawn_blocking(move || nats_script(&["kill", &killed_node]))
                 .await
