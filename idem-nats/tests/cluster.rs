@@ -15,6 +15,9 @@ use idem_runtime::{Error, Idempotent, MemoryStore};
 
 const MESSAGES: usize = 2000;
 
+/// The tests kill and start the cluster's nodes: one at a time.
+static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `.ci/start-nats ARGS…`, and what it printed.
 fn nats_script(args: &[&str]) -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/start-nats");
@@ -33,6 +36,7 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
     else {
         return;
     };
+    let _cluster = CLUSTER.lock().await;
     let servers: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();
     let connect = || {
         async_nats::ConnectOptions::new()
@@ -194,5 +198,117 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
         relayed.sessions_lost,
         started.elapsed()
     );
+    let _ = js.delete_stream(&name).await;
+}
+
+/// A stream with one replica whose server is down: the cluster still lists it, and
+/// publishes to it are answered "no responders", as while a stream's replicas elect a
+/// leader (which the kill above meets only some runs). For two seconds every round of
+/// a relay connected to the other nodes ends its session with nothing marked and no
+/// row's attempt counted; once the server is back, every row goes out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_server_is_down_fails_no_row() {
+    let Some(urls) = idem_testkit::conformance::server_url("IDEM_TEST_NATS_CLUSTER_URLS", "a NATS JetStream cluster")
+    else {
+        return;
+    };
+    let _cluster = CLUSTER.lock().await;
+    let servers: Vec<async_nats::ServerAddr> = urls.split(',').map(|u| u.parse().unwrap()).collect();
+    let js = jetstream::new(async_nats::connect(servers).await.unwrap());
+    let name = format!("single_{}", std::process::id());
+    let subject = format!("{name}.orders");
+    js.get_or_create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![subject.clone()],
+        num_replicas: 1,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let home = {
+        let name = name.clone();
+        tokio::task::spawn_blocking(move || nats_script(&["leader", &name]))
+            .await
+            .unwrap()
+    };
+    let others: Vec<&str> = urls
+        .split(',')
+        .enumerate()
+        .filter(|(i, _)| (i + 1).to_string() != home)
+        .map(|(_, url)| url)
+        .collect();
+
+    let path = std::env::temp_dir().join(format!("idem-nats-down-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap();
+    let outbox = Outbox::new();
+    outbox.migrate(&pool).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    for i in 0..10 {
+        outbox
+            .push(&mut tx, &OutboxMessage::json("", &subject, &i).unwrap())
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(others.join(",")));
+
+    let down = home.clone();
+    tokio::task::spawn_blocking(move || nats_script(&["kill", &down]))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut rounds = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let mut session = relay.connect().await.unwrap();
+        let error = relay.round(&mut session).await.unwrap_err();
+        assert!(
+            matches!(error, idem_nats::RelayError::Broker(_)),
+            "the servers' failure: {error}"
+        );
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let attempts: i64 = sqlx::query_scalar(&format!("SELECT COALESCE(SUM(attempts), 0) FROM {}", outbox.table()))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        attempts,
+        0,
+        "no row's attempt counted in {rounds} rounds: {:?}",
+        relay.stats()
+    );
+    assert_eq!(outbox.counts(&pool).await.unwrap().sent, 0);
+
+    let up = home.clone();
+    tokio::task::spawn_blocking(move || nats_script(&["start", &up]))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while outbox.counts(&pool).await.unwrap().sent < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the rows never went out: {:?}",
+            relay.stats()
+        );
+        if let Ok(mut session) = relay.connect().await {
+            let _ = relay.round(&mut session).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stored = js
+        .get_stream(&name)
+        .await
+        .unwrap()
+        .get_info()
+        .await
+        .unwrap()
+        .state
+        .messages;
+    assert_eq!(stored, 10, "each row once");
+    println!("a stream's server down 2 s: {rounds} rounds ended with the servers' failure, no row failed; then 10 rows sent once");
     let _ = js.delete_stream(&name).await;
 }
