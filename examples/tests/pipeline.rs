@@ -240,11 +240,13 @@ impl Broker {
         }
     }
 
-    /// The example's arguments for it.
-    fn args(self, url: &str) -> Vec<String> {
+    /// The example's arguments for it, the orders travelling on `queue`.
+    fn args(self, url: &str, queue: &str) -> Vec<String> {
         let mut args = vec!["--broker".to_owned(), url.to_owned()];
-        if self == Broker::RabbitMqCluster {
-            args.push("--quorum".to_owned());
+        match self {
+            Broker::RabbitMq => {}
+            Broker::RabbitMqCluster => args.push("--quorum".to_owned()),
+            Broker::JetStreamCluster => args.extend(["--stream".to_owned(), stream_of(queue)]),
         }
         args
     }
@@ -281,18 +283,9 @@ impl Broker {
     }
 }
 
-/// The stream the example keeps the subject `queue` in (its default).
+/// The JetStream stream a run keeps the subject `queue` in (the run names it).
 fn stream_of(queue: &str) -> String {
-    queue
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    queue.replace('.', "_")
 }
 
 /// Messages of `stream` delivered to the example's durable consumer and not yet acked
@@ -379,7 +372,7 @@ async fn pipeline_under_kills(broker: Broker, url: &str, server: &str, name: &st
     ]
     .map(str::to_owned)
     .to_vec();
-    args.extend(broker.args(url));
+    args.extend(broker.args(url, &queue));
     let mut parts = [
         Part::start(&binary, "http", &args),
         Part::start(&binary, "relay", &args),

@@ -2,6 +2,8 @@
 //! relay publishes every row, none counted as failed while the replicas elect another
 //! leader, the stream holds each once, and the consumer makes one effect of each.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,8 +12,9 @@ use idem_nats::async_nats::{
     self,
     jetstream::{self, stream},
 };
-use idem_nats::{Consumer, JetStreamBroker, Message, Outbox, OutboxMessage, Relay};
+use idem_nats::{Consumer, JetStreamBroker, Message, OutboxMessage, Relay};
 use idem_runtime::{Error, Idempotent, MemoryStore};
+use support::outbox_with;
 
 const MESSAGES: usize = 2000;
 
@@ -55,22 +58,8 @@ async fn a_node_killed_mid_load_costs_no_message_and_no_second_effect() {
     .await
     .unwrap();
     // The rows, in an outbox on SQLite, and a relay to the cluster.
-    let path = std::env::temp_dir().join(format!("idem-nats-cluster-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-        .await
-        .unwrap();
-    let outbox = Outbox::new();
-    outbox.migrate(&pool).await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    for i in 0..MESSAGES {
-        outbox
-            .push(&mut tx, &OutboxMessage::json("", &subject, &i).unwrap())
-            .await
-            .unwrap();
-    }
-    tx.commit().await.unwrap();
-    // Small batches, so that the relay is still publishing when the leader dies.
+    let rows = (0..MESSAGES).map(|i| OutboxMessage::json("", &subject, &i).unwrap());
+    let (pool, outbox) = outbox_with("cluster", rows).await;
     // The node that leads the stream's replicas, to be killed mid-load: the relay is
     // given the two others, so that it stays connected while the followers elect
     // another leader and meets the stream between two leaders.
@@ -238,21 +227,8 @@ async fn a_stream_whose_server_is_down_fails_no_row() {
         .map(|(_, url)| url)
         .collect();
 
-    let path = std::env::temp_dir().join(format!("idem-nats-down-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-        .await
-        .unwrap();
-    let outbox = Outbox::new();
-    outbox.migrate(&pool).await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    for i in 0..10 {
-        outbox
-            .push(&mut tx, &OutboxMessage::json("", &subject, &i).unwrap())
-            .await
-            .unwrap();
-    }
-    tx.commit().await.unwrap();
+    let rows = (0..10).map(|i| OutboxMessage::json("", &subject, &i).unwrap());
+    let (pool, outbox) = outbox_with("down", rows).await;
     let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(others.join(",")));
 
     let down = home.clone();

@@ -5,29 +5,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod support;
+
 use idem_nats::async_nats::{self, jetstream};
 use idem_nats::{Consumer, ConsumerStats, KeySource, Message};
 use idem_runtime::{Error, Idempotent, MemoryStore};
 use serde_json::Value;
-
-fn nats_url() -> Option<String> {
-    idem_testkit::conformance::server_url("IDEM_TEST_NATS_URL", "NATS")
-}
-
-/// A fresh stream `name` on subject `name.in`, and a way to publish to it with an
-/// `Order-Id` header (JetStream does not deduplicate by it).
-async fn fresh_stream(url: &str, name: &str) -> jetstream::Context {
-    let js = jetstream::new(async_nats::connect(url).await.unwrap());
-    let _ = js.delete_stream(name).await;
-    js.create_stream(jetstream::stream::Config {
-        name: name.to_owned(),
-        subjects: vec![format!("{name}.in")],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    js
-}
+use support::{fresh_stream_of, nats_url};
 
 async fn publish(js: &jetstream::Context, name: &str, order: &str, body: &str) {
     let mut headers = async_nats::HeaderMap::new();
@@ -72,7 +56,7 @@ impl idem_nats::HandlerError for CreditError {
 async fn copies_run_once_and_a_poison_message_is_terminated_at_its_bound() {
     let Some(url) = nats_url() else { return };
     let name = "idem_consumer";
-    let js = fresh_stream(&url, name).await;
+    let js = fresh_stream_of(&url, name, format!("{name}.in")).await;
     for _ in 0..3 {
         publish(&js, name, "order-1", r#"{"points": 7}"#).await;
     }
@@ -132,7 +116,7 @@ async fn copies_run_once_and_a_poison_message_is_terminated_at_its_bound() {
 async fn a_poison_message_is_bounded_across_consumers_by_the_streams_count() {
     let Some(url) = nats_url() else { return };
     let name = "idem_consumer_bound";
-    let js = fresh_stream(&url, name).await;
+    let js = fresh_stream_of(&url, name, format!("{name}.in")).await;
     publish(&js, name, "poison", r#"{"points": 1}"#).await;
     let runs = Arc::new(Mutex::new(0u32));
     let consumer = || {

@@ -4,47 +4,21 @@
 //! (a relay killed between the stream's ack and the mark) is dropped by the stream
 //! within its window; rows the stream cannot take wait, and the rows behind them go on.
 
+mod support;
+
 use std::time::Duration;
 
-use idem_nats::async_nats::{self, jetstream};
+use idem_nats::async_nats::jetstream;
 use idem_nats::{JetStreamBroker, Outbox, OutboxMessage, Relay, MSG_ID};
 use sqlx::SqlitePool;
+use support::{fresh_stream_of, nats_url, outbox_with};
 
-fn nats_url() -> Option<String> {
-    idem_testkit::conformance::server_url("IDEM_TEST_NATS_URL", "NATS")
-}
-
-/// A fresh stream `name` taking the subjects `name.>`.
-async fn fresh_stream(url: &str, name: &str) -> jetstream::Context {
-    let js = jetstream::new(async_nats::connect(url).await.unwrap());
-    let _ = js.delete_stream(name).await;
-    js.create_stream(jetstream::stream::Config {
-        name: name.to_owned(),
-        subjects: vec![format!("{name}.>")],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    js
-}
-
-/// A SQLite outbox in a file of its own (the relay and the test each open connections).
-async fn outbox(name: &str) -> (SqlitePool, Outbox<sqlx::Sqlite>) {
-    let path = std::env::temp_dir().join(format!("idem-nats-relay-{name}-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let pool = SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
+/// The ids of the outbox's rows, in order.
+async fn ids(pool: &SqlitePool, outbox: &Outbox<sqlx::Sqlite>) -> Vec<i64> {
+    sqlx::query_scalar(&format!("SELECT id FROM {} ORDER BY id", outbox.table()))
+        .fetch_all(pool)
         .await
-        .unwrap();
-    let outbox = Outbox::new();
-    outbox.migrate(&pool).await.unwrap();
-    (pool, outbox)
-}
-
-async fn push(pool: &SqlitePool, outbox: &Outbox<sqlx::Sqlite>, message: OutboxMessage) -> i64 {
-    let mut tx = pool.begin().await.unwrap();
-    let id = outbox.push(&mut tx, &message).await.unwrap();
-    tx.commit().await.unwrap();
-    id
+        .unwrap()
 }
 
 /// The `Nats-Msg-Id` and payload of every message in `stream`, in order.
@@ -66,14 +40,12 @@ async fn stored(js: &jetstream::Context, stream: &str) -> Vec<(String, String)> 
 async fn rows_go_out_once_each_with_their_id_as_the_message_id() {
     let Some(url) = nats_url() else { return };
     let name = format!("relay_{}", std::process::id());
-    let js = fresh_stream(&url, &name).await;
-    let (pool, outbox) = outbox("once").await;
-    let mut ids = Vec::new();
-    for n in 0..5 {
-        let message = OutboxMessage::bytes("", format!("{name}.orders"), format!("order {n}"))
-            .with_header("Order", n.to_string());
-        ids.push(push(&pool, &outbox, message).await);
-    }
+    let js = fresh_stream_of(&url, &name, format!("{name}.>")).await;
+    let messages = (0..5).map(|n| {
+        OutboxMessage::bytes("", format!("{name}.orders"), format!("order {n}")).with_header("Order", n.to_string())
+    });
+    let (pool, outbox) = outbox_with("relay-once", messages).await;
+    let ids = ids(&pool, &outbox).await;
     let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(&url));
     let mut session = relay.connect().await.unwrap();
     assert_eq!(relay.round(&mut session).await.unwrap(), 5);
@@ -106,12 +78,17 @@ async fn rows_go_out_once_each_with_their_id_as_the_message_id() {
 async fn rows_the_stream_cannot_take_wait_and_the_rows_behind_go_on() {
     let Some(url) = nats_url() else { return };
     let name = format!("relay_fail_{}", std::process::id());
-    let js = fresh_stream(&url, &name).await;
-    let (pool, outbox) = outbox("fail").await;
-    let good = push(&pool, &outbox, OutboxMessage::bytes("", format!("{name}.a"), "a")).await;
-    let nowhere = push(&pool, &outbox, OutboxMessage::bytes("", format!("{name}_none.b"), "b")).await;
-    let exchange = push(&pool, &outbox, OutboxMessage::bytes("orders", format!("{name}.c"), "c")).await;
-    let behind = push(&pool, &outbox, OutboxMessage::bytes("", format!("{name}.d"), "d")).await;
+    let js = fresh_stream_of(&url, &name, format!("{name}.>")).await;
+    let messages = [
+        OutboxMessage::bytes("", format!("{name}.a"), "a"),
+        OutboxMessage::bytes("", format!("{name}_none.b"), "b"),
+        OutboxMessage::bytes("orders", format!("{name}.c"), "c"),
+        OutboxMessage::bytes("", format!("{name}.d"), "d"),
+    ];
+    let (pool, outbox) = outbox_with("relay-fail", messages).await;
+    let [good, nowhere, exchange, behind] = ids(&pool, &outbox).await[..] else {
+        panic!("four rows")
+    };
     let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(&url))
         .retry_after(Duration::from_secs(60))
         .max_attempts(2);

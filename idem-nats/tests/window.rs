@@ -1,13 +1,16 @@
 //! JetStream forgets a `Nats-Msg-Id` after its duplicate window; idem's records do not.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures_util::StreamExt;
-use idem_nats::{Consumer, JetStreamBroker, Message, Outbox, OutboxMessage, Relay};
+use idem_nats::{Consumer, JetStreamBroker, Message, OutboxMessage, Relay};
 use idem_runtime::{Error, Idempotent, MemoryStore};
+use support::outbox_with;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_republish_after_the_duplicate_window_is_absorbed_by_the_records() {
@@ -107,19 +110,7 @@ async fn a_relay_publishing_again_after_the_window_costs_no_second_effect() {
     .await
     .unwrap();
 
-    let path = std::env::temp_dir().join(format!("idem-nats-window-{}.db", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
-        .await
-        .unwrap();
-    let outbox = Outbox::new();
-    outbox.migrate(&pool).await.unwrap();
-    let mut tx = pool.begin().await.unwrap();
-    outbox
-        .push(&mut tx, &OutboxMessage::json("", &subject, &7).unwrap())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let (pool, outbox) = outbox_with("window", [OutboxMessage::json("", &subject, &7).unwrap()]).await;
     let relay = Relay::new(pool.clone(), outbox.clone(), JetStreamBroker::new(&url));
     let mut session = relay.connect().await.unwrap();
     assert_eq!(relay.round(&mut session).await.unwrap(), 1);

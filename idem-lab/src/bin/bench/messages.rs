@@ -147,39 +147,76 @@ pub async fn relay<B: idem_messaging::Broker + Clone>(
     n as f64 / started.elapsed().as_secs_f64()
 }
 
+/// A consumer table: each row's label and µs a message, the bare client's first, with
+/// each row's ratio to it.
+pub fn consumer_table(title: &str, rows: &[(&str, f64)]) {
+    println!("\n| {title} | µs per message | ÷ bare |");
+    println!("|---|---|---|");
+    let bare_us = rows[0].1;
+    for (label, us) in rows {
+        println!("| {label} | {us:.0} | {:.2} |", us / bare_us);
+    }
+}
+
+/// The relay table: `n` rows to `destination` relayed by 1 and by 3 relays to `broker`.
+pub async fn relay_table<B: idem_messaging::Broker + Clone>(
+    title: &str,
+    database: &str,
+    destination: &str,
+    n: usize,
+    broker: B,
+) {
+    println!("\n| {title} | messages/s |");
+    println!("|---|---|");
+    for relays in [1, 3] {
+        let rate = relay(database, destination, n, relays, broker.clone()).await;
+        println!("| {relays} relay(s), batch 100 | {rate:.0} |");
+    }
+}
+
+/// The operation of an idempotent handler on the PostgreSQL at `database`, its biz named
+/// after `broker`.
+pub async fn idempotent_handler_op(database: &str, broker: &str) -> Arc<Idempotent> {
+    let store = idem::sql::open(database).await.unwrap();
+    Arc::new(Idempotent::new(format!("bench.{broker}.{}", std::process::id())).store(store))
+}
+
 pub async fn report(calls: usize) {
     let Ok(url) = std::env::var("IDEM_TEST_AMQP_URL") else {
         println!("\n(messages: IDEM_TEST_AMQP_URL unset, RabbitMQ not measured)");
         return;
     };
-    println!("\n| messages on RabbitMQ (persistent, durable queue, prefetch {PREFETCH}) | µs per message | ÷ bare |");
-    println!("|---|---|---|");
-    let bare_us = bare(&url, "idem.bench.bare", calls).await;
-    println!("| bare lapin consumer, ack each | {bare_us:.0} | 1.00 |");
-    let helper_us = helper(&url, "idem.bench.helper", calls, |_message| async { Ok(Value::Null) }).await;
-    println!(
-        "| `Consumer`, handler answers at once | {helper_us:.0} | {:.2} |",
-        helper_us / bare_us
-    );
-    if let Ok(database) = std::env::var("IDEM_TEST_POSTGRES_URL") {
-        let store = idem::sql::open(&database).await.unwrap();
-        let op = Arc::new(Idempotent::new(format!("bench.amqp.{}", std::process::id())).store(store));
+    let mut rows = vec![
+        (
+            "bare lapin consumer, ack each",
+            bare(&url, "idem.bench.bare", calls).await,
+        ),
+        (
+            "`Consumer`, handler answers at once",
+            helper(&url, "idem.bench.helper", calls, |_message| async { Ok(Value::Null) }).await,
+        ),
+    ];
+    let database = std::env::var("IDEM_TEST_POSTGRES_URL").ok();
+    if let Some(database) = &database {
+        let op = idempotent_handler_op(database, "amqp").await;
         let idem_us = helper(&url, "idem.bench.idem", calls, move |message: Message<Value>| {
             let op = op.clone();
             async move { op.execute(&message.key, async { Ok::<_, Error>(message.body) }).await }
         })
         .await;
-        println!(
-            "| `Consumer` + idempotent handler on PostgreSQL (claim + record) | {idem_us:.0} | {:.2} |",
-            idem_us / bare_us
-        );
-        println!("\n| outbox relay, PostgreSQL → RabbitMQ, confirms | messages/s |");
-        println!("|---|---|");
+        rows.push((
+            "`Consumer` + idempotent handler on PostgreSQL (claim + record)",
+            idem_us,
+        ));
+    }
+    consumer_table(
+        &format!("messages on RabbitMQ (persistent, durable queue, prefetch {PREFETCH})"),
+        &rows,
+    );
+    if let Some(database) = &database {
         let (_connection, channel) = channel(&url).await;
         filled(&channel, "idem.bench.relay", 0).await;
-        for relays in [1, 3] {
-            let rate = relay(&database, "idem.bench.relay", calls * 5, relays, AmqpBroker::new(&url)).await;
-            println!("| {relays} relay(s), batch 100 | {rate:.0} |");
-        }
+        let title = "outbox relay, PostgreSQL → RabbitMQ, confirms";
+        relay_table(title, database, "idem.bench.relay", calls * 5, AmqpBroker::new(&url)).await;
     }
 }

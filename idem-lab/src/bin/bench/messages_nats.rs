@@ -3,11 +3,12 @@
 //! RabbitMQ's rows. A file-backed
 //! stream, every publish acknowledged.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use idem::{Error, Idempotent};
+use idem::Error;
+
+use crate::messages;
 use idem_nats::async_nats::{self, jetstream};
 use idem_nats::{Consumer, Message};
 use serde_json::Value;
@@ -92,34 +93,37 @@ pub async fn report(calls: usize) {
         println!("\n(messages: IDEM_TEST_NATS_URL unset, NATS JetStream not measured)");
         return;
     };
-    println!("\n| messages on NATS JetStream (file storage, batch {BATCH}) | µs per message | ÷ bare |");
-    println!("|---|---|---|");
-    let bare_us = bare(&url, "idem_bench_bare", calls).await;
-    println!("| bare pull consumer, `double_ack` each | {bare_us:.0} | 1.00 |");
-    let helper_us = helper(&url, "idem_bench_helper", calls, |_message| async { Ok(Value::Null) }).await;
-    println!(
-        "| `Consumer`, handler answers at once | {helper_us:.0} | {:.2} |",
-        helper_us / bare_us
-    );
-    if let Ok(database) = std::env::var("IDEM_TEST_POSTGRES_URL") {
-        let store = idem::sql::open(&database).await.unwrap();
-        let op = Arc::new(Idempotent::new(format!("bench.nats.{}", std::process::id())).store(store));
+    let mut rows = vec![
+        (
+            "bare pull consumer, `double_ack` each",
+            bare(&url, "idem_bench_bare", calls).await,
+        ),
+        (
+            "`Consumer`, handler answers at once",
+            helper(&url, "idem_bench_helper", calls, |_message| async { Ok(Value::Null) }).await,
+        ),
+    ];
+    let database = std::env::var("IDEM_TEST_POSTGRES_URL").ok();
+    if let Some(database) = &database {
+        let op = messages::idempotent_handler_op(database, "nats").await;
         let idem_us = helper(&url, "idem_bench_idem", calls, move |message: Message<Value>| {
             let op = op.clone();
             async move { op.execute(&message.key, async { Ok::<_, Error>(message.body) }).await }
         })
         .await;
-        println!(
-            "| `Consumer` + idempotent handler on PostgreSQL (claim + record) | {idem_us:.0} | {:.2} |",
-            idem_us / bare_us
-        );
-        println!("\n| outbox relay, PostgreSQL → JetStream, publish acks | messages/s |");
-        println!("|---|---|");
+        rows.push((
+            "`Consumer` + idempotent handler on PostgreSQL (claim + record)",
+            idem_us,
+        ));
+    }
+    messages::consumer_table(
+        &format!("messages on NATS JetStream (file storage, batch {BATCH})"),
+        &rows,
+    );
+    if let Some(database) = &database {
         filled(&url, "idem_bench_relay", 0).await;
-        for relays in [1, 3] {
-            let broker = idem_nats::JetStreamBroker::new(&url);
-            let rate = crate::messages::relay(&database, "idem_bench_relay.in", calls * 5, relays, broker).await;
-            println!("| {relays} relay(s), batch 100 | {rate:.0} |");
-        }
+        let title = "outbox relay, PostgreSQL → JetStream, publish acks";
+        let broker = idem_nats::JetStreamBroker::new(&url);
+        messages::relay_table(title, database, "idem_bench_relay.in", calls * 5, broker).await;
     }
 }
