@@ -40,19 +40,40 @@ async fn expiry_on_the_memory_store_without_sleeping() {
     expiry_without_sleeping(Arc::new(idem::MemoryStore::new())).await;
 }
 
-#[tokio::test]
-async fn expiry_on_sqlite_without_sleeping() {
-    // A file of this run's own: a file left by an earlier process of the same id would
-    // hold this order's record already.
+/// A SQLite file of this test's own: a file left by an earlier process of the same id
+/// would hold its records already. SQLite judges by the caller's instants.
+async fn sqlite(test: &str) -> Arc<dyn IdempotencyStore> {
     let run = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let path = std::env::temp_dir().join(format!("idem-clock-{}-{run}.db", std::process::id()));
-    let store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
+    let path = std::env::temp_dir().join(format!("idem-clock-{test}-{}-{run}.db", std::process::id()));
+    idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn expiry_on_sqlite_without_sleeping() {
+    expiry_without_sleeping(sqlite("expiry").await).await;
+}
+
+/// An outcome is recorded at the instant its body ended, on the test clock too: the ttl
+/// counts from there, not from the claim. A body of 10 hours with a 24 h ttl is still
+/// replayed 30 hours after its claim.
+#[tokio::test]
+async fn a_ttl_counts_from_the_end_of_a_long_body_on_sqlite() {
+    let op = Idempotent::new("clock.long").store(sqlite("long").await).ttl(DAY);
+    let first: u32 = op
+        .execute("order", async {
+            jump(Duration::from_secs(10 * 3600)).await;
+            Ok::<_, idem::Error>(1)
+        })
         .await
         .unwrap();
-    expiry_without_sleeping(store).await;
+    jump(Duration::from_secs(20 * 3600)).await;
+    let again: u32 = op.execute("order", async { Ok::<_, idem::Error>(2) }).await.unwrap();
+    assert_eq!((first, again), (1, 1), "20 hours after a 10-hour body: replayed");
 }
 
 #[tokio::test(start_paused = true)]

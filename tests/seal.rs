@@ -68,8 +68,8 @@ async fn sealed_at_rest(plain: Arc<dyn IdempotencyStore>) {
     // in, opened on the way out.
     let answer: String = op
         .clone()
-        .payload(&"ada's order")
         .keep_request(true)
+        .payload(&"ada's order")
         .execute("a", runs.receipt("receipt for ada, card 4242"))
         .await
         .unwrap();
@@ -242,7 +242,7 @@ async fn rekey_then_retire(plain: Arc<dyn IdempotencyStore>, pages: &dyn RecordP
     let runs = Runs::default();
     for n in 0..EACH {
         let request = format!("order {n} for ada");
-        let kept = old.clone().payload(&request).keep_request(true);
+        let kept = old.clone().keep_request(true).payload(&request);
         let _: String = kept
             .execute(format!("a{n}"), runs.receipt(&format!("receipt {n}")))
             .await

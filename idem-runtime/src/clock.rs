@@ -38,7 +38,38 @@ const TEST_CLOCK_THRESHOLD: Duration = Duration::from_millis(1);
 /// keeps, so an instant written and read back compares equal. Moved by tokio's test
 /// clock (see the module docs).
 pub fn now() -> SystemTime {
-    whole_micros(moved_by_tokio(SystemTime::now()))
+    whole_micros(moved_by_tokio(SystemTime::now(), tokio::time::Instant::now()))
+}
+
+/// An instant of [`now`], with the moment on tokio's clock it was read at: a call's
+/// later instants (its outcome's) are counted from it on that clock, one read of the
+/// monotonic clock where [`now`] takes three. A paused test clock moves them as it
+/// moves [`now`]; a step of the system clock after the reading does not.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reading {
+    at: SystemTime,
+    read: tokio::time::Instant,
+}
+
+impl Reading {
+    /// [`now`], and when it was read.
+    pub(crate) fn take() -> Self {
+        let read = tokio::time::Instant::now();
+        Reading {
+            at: whole_micros(moved_by_tokio(SystemTime::now(), read)),
+            read,
+        }
+    }
+
+    /// The instant read.
+    pub(crate) fn at(&self) -> SystemTime {
+        self.at
+    }
+
+    /// Now: the instant read, moved on by the time since, in whole microseconds.
+    pub(crate) fn later(&self) -> SystemTime {
+        whole_micros(self.at + self.read.elapsed())
+    }
 }
 
 /// `instant`, truncated to whole microseconds.
@@ -72,10 +103,11 @@ impl SteadyClock {
     }
 }
 
-/// `system`, moved by how far tokio's clock is from the system's monotonic clock when
-/// that is more than [`TEST_CLOCK_THRESHOLD`] (a paused or advanced test clock).
-fn moved_by_tokio(system: SystemTime) -> SystemTime {
-    let tokio = tokio::time::Instant::now().into_std();
+/// `system`, moved by how far tokio's clock (read as `tokio`, a moment ago) is from the
+/// system's monotonic clock when that is more than [`TEST_CLOCK_THRESHOLD`] (a paused or
+/// advanced test clock).
+fn moved_by_tokio(system: SystemTime, tokio: tokio::time::Instant) -> SystemTime {
+    let tokio = tokio.into_std();
     let monotonic = std::time::Instant::now();
     if let Some(ahead) = tokio.checked_duration_since(monotonic) {
         if ahead > TEST_CLOCK_THRESHOLD {

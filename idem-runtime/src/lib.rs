@@ -45,6 +45,7 @@ mod error;
 mod fingerprint;
 mod key;
 mod memory;
+mod model;
 pub mod notice;
 pub mod observe;
 mod operation;

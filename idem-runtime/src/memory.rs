@@ -16,7 +16,7 @@ use crate::store::IdempotencyStore;
 
 /// Records by biz, then by key: two levels, so a lookup borrows the caller's `&str`s
 /// instead of allocating a `(String, String)` to search with.
-type Shelves = HashMap<String, HashMap<String, Record>>;
+type Shelves = HashMap<String, HashMap<String, Box<Record>>>;
 
 /// The fewest claims between two sweeps of expired records.
 const SWEEP_EVERY: usize = 1024;
@@ -136,15 +136,15 @@ impl IdempotencyStore for MemoryStore {
             None => shelves.entry(claim.biz.to_owned()).or_default(),
         };
         let granted = match shelf.get_mut(claim.key) {
-            Some(record) if !claim.admits(record) => return Ok(ClaimOutcome::Existing(record.clone())),
+            Some(record) if !claim.admits(record) => return Ok(ClaimOutcome::Existing(Record::clone(record))),
             Some(record) => {
-                *record = claim.granted(Some(record));
+                **record = claim.granted(Some(record));
                 Lease::of(record)
             }
             None => {
                 let granted = claim.granted(None);
                 let lease = Lease::of(&granted);
-                shelf.insert(claim.key.to_owned(), granted);
+                shelf.insert(claim.key.to_owned(), Box::new(granted));
                 lease
             }
         };
@@ -209,7 +209,12 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
-        Ok(self.lock().shelves.get(biz).and_then(|shelf| shelf.get(key)).cloned())
+        Ok(self
+            .lock()
+            .shelves
+            .get(biz)
+            .and_then(|shelf| shelf.get(key))
+            .map(|record| Record::clone(record)))
     }
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
@@ -268,6 +273,7 @@ impl RecordPages for MemoryStore {
             .shelves
             .values()
             .flat_map(HashMap::values)
+            .map(|record| &**record)
             .filter(|r| after.is_none_or(|(biz, key)| (r.biz.as_str(), r.key.as_str()) > (biz, key)))
             .collect();
         records.sort_by(|a, b| (&a.biz, &a.key).cmp(&(&b.biz, &b.key)));
@@ -383,7 +389,7 @@ mod tests {
                 .shelves
                 .entry("purge".into())
                 .or_default()
-                .insert(key.into(), record);
+                .insert(key.into(), Box::new(record));
         }
         assert_eq!(store.purge_expired(now, 100).await.unwrap(), 1);
         assert!(store.get("purge", "running").await.unwrap().is_some());

@@ -79,6 +79,16 @@ pub(crate) struct Payload {
     /// Its JSON, when no larger than [`MAX_REQUEST_BODY`]; stored only when
     /// [asked for](Idempotent::keep_request).
     pub(crate) request_body: Option<String>,
+    /// Whether its JSON was asked for when it was given (it is written only then).
+    pub(crate) with_request: bool,
+}
+
+/// The JSON of `payload` as a record keeps it: none when it is larger than
+/// [`MAX_REQUEST_BODY`].
+fn request_json<P: Serialize + ?Sized>(payload: &P) -> Option<String> {
+    serde_json::to_string(payload)
+        .ok()
+        .filter(|json| json.len() <= MAX_REQUEST_BODY)
 }
 
 impl Idempotent {
@@ -208,15 +218,14 @@ impl Idempotent {
     /// in any order, lists in their order (`[1, 2]` and `[2, 1]` are two payloads),
     /// integers of any width. A set is marked [`Unordered`](crate::Unordered) (or its
     /// field `#[serde(serialize_with = "idem::unordered")]`) to compare as a multiset.
-    /// Only the fingerprint is stored, unless [`keep_request`](Self::keep_request) asks
-    /// for the payload's JSON too.
+    /// Only the fingerprint is stored, unless [`keep_request`](Self::keep_request) asked
+    /// for the payload's JSON too (before this call: the JSON is written here).
     pub fn payload<P: Serialize + ?Sized>(mut self, payload: &P) -> Self {
         self.payload = Some(match fingerprint(payload) {
             Ok(fingerprint) => Ok(Payload {
                 fingerprint,
-                request_body: serde_json::to_string(payload)
-                    .ok()
-                    .filter(|json| json.len() <= MAX_REQUEST_BODY),
+                request_body: self.keep_request.then(|| request_json(payload)).flatten(),
+                with_request: self.keep_request,
             }),
             Err(error) => Err(Arc::new(error)),
         });
@@ -229,8 +238,20 @@ impl Idempotent {
     /// another request then names the fields that differ. Off by default: the
     /// fingerprint alone detects a changed payload, and a request often holds personal
     /// data that need not be kept for a day.
+    ///
+    /// Ask for it before [`payload`](Self::payload), which writes the JSON: asked for
+    /// after a payload was given without it, every call fails with
+    /// [`Error::InvalidOption`] before anything is claimed.
     pub fn keep_request(mut self, keep: bool) -> Self {
         self.keep_request = keep;
+        if keep && matches!(&self.payload, Some(Ok(payload)) if !payload.with_request) {
+            self.invalid.get_or_insert((
+                "keep_request",
+                "it was asked for after `payload(..)`, whose JSON was not kept: call `keep_request(true)` \
+                 before `payload(..)`"
+                    .to_owned(),
+            ));
+        }
         self
     }
 
@@ -325,5 +346,47 @@ impl Idempotent {
         self.store.clone().or_else(installed).ok_or_else(|| Error::NoStore {
             biz: self.biz.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+    use crate::MemoryStore;
+
+    /// The payload's JSON is written when it is given: asked for first, it is kept;
+    /// asked for after, every call is refused before its body runs, saying why.
+    #[tokio::test]
+    async fn keep_request_is_asked_for_before_the_payload() {
+        let store = Arc::new(MemoryStore::new());
+        let runs = AtomicU32::new(0);
+        let body = || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<u32, Error>(1)
+        };
+        let kept = Idempotent::new("kept")
+            .store(store.clone())
+            .keep_request(true)
+            .payload(&"charge 7");
+        assert_eq!(kept.execute("k", body()).await.unwrap(), 1);
+        let record = store.get("kept", "k").await.unwrap().unwrap();
+        assert_eq!(record.request_body.as_deref(), Some("\"charge 7\""));
+
+        let late = Idempotent::new("late")
+            .store(store.clone())
+            .payload(&"charge 7")
+            .keep_request(true);
+        let refused = late.execute("k", body()).await.unwrap_err();
+        assert!(
+            matches!(&refused, Error::InvalidOption { option: "keep_request", reason, .. } if reason.contains("before `payload(..)`")),
+            "{refused:?}"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "the refused call's body did not run");
+        let unasked = Idempotent::new("unasked").store(store.clone()).payload(&"charge 7");
+        assert_eq!(unasked.execute("k", body()).await.unwrap(), 1);
+        let record = store.get("unasked", "k").await.unwrap().unwrap();
+        assert_eq!(record.request_body, None, "not asked for: not kept");
     }
 }

@@ -71,7 +71,11 @@ impl StepLog {
     /// The effect whose outcome a step of this call found unknown, if one did: the call
     /// then leaves its record unsettled, whatever its body returned.
     pub(crate) async fn unknown(&self) -> Option<Intent> {
-        self.state.lock().await.unknown.clone()
+        // The body is done: the lock is free, unless a task it spawned holds it.
+        match self.state.try_lock() {
+            Ok(state) => state.unknown.clone(),
+            Err(_) => self.state.lock().await.unknown.clone(),
+        }
     }
 }
 

@@ -27,9 +27,17 @@ use crate::unknown::unsettled;
 /// What admission came to, when it did not end the call with an error.
 pub(super) enum Admitted<T> {
     /// The key is ours, with at least two thirds of the lease ahead.
-    Claimed(Lease),
+    Claimed(Claimed),
     /// A finished call's value, replayed.
     Replayed(T),
+}
+
+/// A key held: its lease, the clock's reading its claim was sent with, and when it was
+/// granted.
+pub(super) struct Claimed {
+    pub(super) lease: Lease,
+    pub(super) read: clock::Reading,
+    pub(super) granted: Instant,
 }
 
 /// What waiting on a record came to.
@@ -51,61 +59,67 @@ impl Call<'_> {
         let request = self.op.request_body();
         // The first claim is sent as admission begins; a later one, when it is sent.
         let mut first_claim = true;
-        loop {
+        'admit: loop {
             // The record in the way, as this caller's claim met it; `None` when it is
             // running with a fingerprint that agrees, and the next read tells more.
-            let in_the_way = match gate::turn(self.store, &self.op.biz, &self.key, deadline.is_some()).await {
-                Turn::Join => None,
-                // A claim of the key under way here met this: so would ours have.
-                Turn::Took(met) => match &*met {
-                    Met::Claimed { fingerprint: theirs } if !fingerprints_agree(theirs.as_deref(), fingerprint) => {
-                        return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
-                    }
-                    Met::Claimed { .. } => None,
-                    Met::Existing(record) => Some(Record::clone(record)),
-                },
-                Turn::Claim(ticket) => {
-                    let claimed_at = if std::mem::take(&mut first_claim) {
-                        admitting
-                    } else {
-                        Instant::now()
-                    };
-                    let claim = Claim::new(
-                        &self.op.biz,
-                        &self.key,
-                        clock::now(),
-                        self.op.stored_lease(),
-                        self.op.ttl,
-                    )
-                    .with_fingerprint(fingerprint)
-                    .with_request_body(request.as_deref());
-                    let outcome = self
-                        .store
-                        .claim(&claim)
-                        .await
-                        .map_err(|e| self.store_error("claim", e))?;
-                    match outcome {
-                        ClaimOutcome::Acquired(lease) => {
-                            ticket.hand_on(|| Met::Claimed {
-                                fingerprint: fingerprint.map(str::to_owned),
-                            });
-                            let lease = lease.with_retention(self.op.retention());
-                            let granted = Instant::now();
-                            if self.lease_ahead(&lease, granted - claimed_at).await? {
-                                observe::claimed(&self.op.biz, lease.fence, lease.took_over(), granted - admitting);
-                                return Ok(Admitted::Claimed(lease));
+            let in_the_way = 'turn: {
+                match gate::turn(self.store, &self.op.biz, &self.key, deadline.is_some()).await {
+                    Turn::Join => None,
+                    // A claim of the key under way here met this: so would ours have.
+                    Turn::Took(met) => match &*met {
+                        Met::Claimed { fingerprint: theirs } if !fingerprints_agree(theirs.as_deref(), fingerprint) => {
+                            return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+                        }
+                        Met::Claimed { .. } => None,
+                        Met::Existing(record) => Some(Record::clone(record)),
+                    },
+                    Turn::Claim(ticket) => {
+                        let claimed_at = if std::mem::take(&mut first_claim) {
+                            admitting
+                        } else {
+                            Instant::now()
+                        };
+                        let read = clock::Reading::take();
+                        let lease = {
+                            let claim =
+                                Claim::new(&self.op.biz, &self.key, read.at(), self.op.stored_lease(), self.op.ttl)
+                                    .with_fingerprint(fingerprint)
+                                    .with_request_body(request.as_deref());
+                            let claimed = self.store.claim(&claim).await;
+                            match claimed.map_err(|e| self.store_error("claim", e))? {
+                                ClaimOutcome::Acquired(lease) => lease,
+                                ClaimOutcome::Existing(record) => {
+                                    ticket.hand_on(|| Met::Existing(Box::new(record.clone())));
+                                    break 'turn Some(record);
+                                }
                             }
-                            // Taken over before the body started: nothing ran; claim again.
-                            continue;
+                        };
+                        // (The claim and what it met are out of scope here: the future does
+                        // not carry them while the lease is checked.)
+                        ticket.hand_on(|| Met::Claimed {
+                            fingerprint: fingerprint.map(str::to_owned),
+                        });
+                        let lease = lease.with_retention(self.op.retention());
+                        let granted = Instant::now();
+                        if self.lease_ahead(&lease, granted - claimed_at).await? {
+                            observe::claimed(&self.op.biz, lease.fence, lease.took_over(), granted - admitting);
+                            return Ok(Admitted::Claimed(Claimed { lease, read, granted }));
                         }
-                        ClaimOutcome::Existing(record) => {
-                            ticket.hand_on(|| Met::Existing(Box::new(record.clone())));
-                            Some(record)
-                        }
+                        // Taken over before the body started: nothing ran; claim again.
+                        continue 'admit;
                     }
                 }
             };
-            match self.wait_on(in_the_way, fingerprint, deadline).await? {
+            // A finished record answers at once; waiting (rare) runs in a future of its
+            // own, so that a call's future does not carry the waiting's state.
+            let waiting = match in_the_way {
+                Some(record) => match self.answer_from(record, fingerprint)? {
+                    Ok(answer) => return Ok(answer),
+                    Err(running) => Box::pin(self.wait_on(Some(running), fingerprint, deadline)),
+                },
+                None => Box::pin(self.wait_on(None, fingerprint, deadline)),
+            };
+            match waiting.await? {
                 Waited::Answered(answer) => return Ok(answer),
                 Waited::Free => continue,
             }
@@ -127,14 +141,8 @@ impl Call<'_> {
             // `None`: a claim under way here just took the key (its fingerprint was
             // checked), or waiters here read it running; the next read tells more.
             if let Some(record) = record.take() {
-                if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
-                    return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
-                }
-                if record.status != Status::Processing {
-                    return self.answer_finished(record).map(Waited::Answered);
-                }
-                if let Some(intent) = unsettled(&record) {
-                    return Err(unknown_error(&Lease::of(&record), &intent));
+                if let Ok(answer) = self.answer_from(record, fingerprint)? {
+                    return Ok(Waited::Answered(answer));
                 }
             }
             let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
@@ -154,6 +162,26 @@ impl Call<'_> {
                 Ok(_) => return Ok(Waited::Free),
             };
         }
+    }
+
+    /// What a live `record` in the way answers: the finished call's answer, or
+    /// (`Err`) the record, still running. An error when it was claimed with another
+    /// payload, or is left unsettled.
+    fn answer_from<T: DeserializeOwned>(
+        &self,
+        record: Record,
+        fingerprint: Option<&str>,
+    ) -> Result<Result<Admitted<T>, Record>, Error> {
+        if !fingerprints_agree(record.fingerprint.as_deref(), fingerprint) {
+            return Err(self.error(|biz, key| Error::PayloadMismatch { biz, key }));
+        }
+        if record.status != Status::Processing {
+            return self.answer_finished(record).map(Ok);
+        }
+        if let Some(intent) = unsettled(&record) {
+            return Err(unknown_error(&Lease::of(&record), &intent));
+        }
+        Ok(Err(record))
     }
 
     /// A finished record answers the duplicate.

@@ -25,7 +25,7 @@ use crate::operation::Idempotent;
 use crate::step::StepLog;
 use crate::store::OwnedStore;
 
-use admission::Admitted;
+use admission::{Admitted, Claimed};
 pub(crate) use flight::open_flights;
 
 impl Idempotent {
@@ -155,8 +155,8 @@ impl Call<'_> {
             Err(error) => return refused(error),
         };
         let admitting = Instant::now();
-        let lease = match self.admit(fingerprint, admitting).await {
-            Ok(Admitted::Claimed(lease)) => lease,
+        let Claimed { lease, read, granted } = match self.admit(fingerprint, admitting).await {
+            Ok(Admitted::Claimed(claimed)) => claimed,
             Ok(Admitted::Replayed(value)) => {
                 observe::claim_time(biz, admitting.elapsed());
                 observe::finished(biz, Outcome::Replayed, None);
@@ -173,7 +173,8 @@ impl Call<'_> {
             self.op.outcome_policy_required,
         );
         let context = Context::new(lease, Some(steps));
-        let running = Instant::now();
+        // The body starts as the key is granted: one reading of the clock for both.
+        let running = granted;
         let outcome = self
             .hold(context.lease(), context.signal(), context.clone().scope(body))
             .await;
@@ -188,15 +189,18 @@ impl Call<'_> {
             observe::finished(biz, Outcome::Unknown, Some(running.elapsed()));
             return Err(error.into());
         }
+        let ended = Instant::now();
         let (ran, kind) = (
-            running.elapsed(),
+            ended - running,
             if outcome.is_ok() {
                 Outcome::Executed
             } else {
                 Outcome::Failed
             },
         );
-        let answer = self.record(context.into_lease(), outcome, describe).await;
+        let answer = self
+            .record(context.into_lease(), outcome, describe, (read, ended))
+            .await;
         observe::finished(biz, kind, Some(ran));
         answer
     }

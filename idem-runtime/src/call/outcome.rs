@@ -14,6 +14,7 @@
 //! a dead one: a retry that reaches it first runs the body again, and this write is
 //! refused by the fence (the window of leased mode that transactional mode closes).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -115,18 +116,40 @@ struct OutcomeWrite {
     stored_lease: Duration,
     ttl: Duration,
     renewed_at: Instant,
+    /// The clock's reading at the claim: the instants written are counted from it.
+    read: clock::Reading,
 }
 
 impl OutcomeWrite {
     /// Write until the store answers or `give_up` passes, renewing the lease between
     /// tries so it cannot lapse while the store is failing the write alone.
     async fn settle(&mut self, store: &dyn IdempotencyStore, give_up: Instant) -> Result<Settled, StoreError> {
+        match self.write(store).await {
+            Ok(FenceCheck::Held) => Ok(Settled::Recorded),
+            // Refused, or failed (rare): in a future of its own, so that a call's future
+            // does not carry the retries' state.
+            written => Box::pin(self.settle_after(written, store, give_up)).await,
+        }
+    }
+
+    /// Go on from a first write that was refused or failed.
+    async fn settle_after(
+        &mut self,
+        written: Result<FenceCheck, StoreError>,
+        store: &dyn IdempotencyStore,
+        give_up: Instant,
+    ) -> Result<Settled, StoreError> {
         let longest = LONGEST_RETRY
             .min(self.lease_for / RETRIES_PER_LEASE)
             .max(Duration::from_millis(1));
         let mut pause = FIRST_RETRY.min(longest);
+        let mut written = Some(written);
         loop {
-            match self.write(store).await {
+            let result = match written.take() {
+                Some(first) => first,
+                None => self.write(store).await,
+            };
+            match result {
                 Ok(FenceCheck::Held) => return Ok(Settled::Recorded),
                 Ok(FenceCheck::Lost) => return Ok(self.after_refusal(store).await),
                 Err(error) if Instant::now() + pause < give_up => {
@@ -151,8 +174,8 @@ impl OutcomeWrite {
     async fn write(&self, store: &dyn IdempotencyStore) -> Result<FenceCheck, StoreError> {
         let lease = &self.lease;
         let written = match &self.verdict {
-            Verdict::Succeeded(json) => store.complete(lease, json, clock::now(), self.ttl).await,
-            Verdict::Failed(message) => store.fail(lease, message, clock::now(), self.ttl).await,
+            Verdict::Succeeded(json) => store.complete(lease, json, self.read.later(), self.ttl).await,
+            Verdict::Failed(message) => store.fail(lease, message, self.read.later(), self.ttl).await,
             Verdict::Released => store.release(lease).await,
         };
         if matches!(written, Ok(FenceCheck::Held)) {
@@ -268,31 +291,25 @@ where
 impl Call<'_> {
     /// Record the outcome, then hand the caller its result. An `Ok`
     /// value that would not replay equal is recorded `FAIL` (the body ran; it must not
-    /// run again) and the caller gets [`Error::Encode`].
-    pub(super) async fn record<T, E>(&self, lease: Lease, outcome: Result<T, E>, describe: Describe<E>) -> Result<T, E>
+    /// run again) and the caller gets [`Error::Encode`]. `at` is the clock's reading at
+    /// the claim, and the moment the body ended.
+    ///
+    /// A plain function: the write is set up here and awaited in one future, which holds
+    /// the outcome and the lease once (`async fn` layers would each keep a copy).
+    pub(super) fn record<T, E>(
+        &self,
+        lease: Lease,
+        outcome: Result<T, E>,
+        describe: Describe<E>,
+        (read, now): (clock::Reading, Instant),
+    ) -> impl Future<Output = Result<T, E>> + use<'_, T, E>
     where
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
         let fence = lease.fence;
-        match judge(self.op, &self.key, outcome, describe) {
-            (verdict @ Verdict::Succeeded(_), answer) => match self.settle(lease, verdict).await? {
-                Settled::Recorded => answer,
-                Settled::Lost => {
-                    let error = self.lease_lost(fence, "complete");
-                    tracing::warn!(target: "idem", %error, "idempotent call finished after losing its claim");
-                    Err(error.into())
-                }
-            },
-            (verdict, answer) => {
-                self.settle_after_failure(lease, verdict).await;
-                answer
-            }
-        }
-    }
-
-    async fn settle(&self, lease: Lease, verdict: Verdict) -> Result<Settled, Error> {
-        let (operation, now) = (verdict.operation(), Instant::now());
+        let (verdict, answer) = judge(self.op, &self.key, outcome, describe);
+        let (succeeded, operation) = (matches!(verdict, Verdict::Succeeded(_)), verdict.operation());
         let mut recording = Recording {
             store: self.store,
             write: Some(OutcomeWrite {
@@ -303,29 +320,33 @@ impl Call<'_> {
                 ttl: self.op.ttl,
                 // Unknown when the heartbeat last renewed: renew at the first retry.
                 renewed_at: now.checked_sub(self.op.lease).unwrap_or(now),
+                read,
             }),
         };
         // The caller waits half a lease; the write goes on without it after that.
         let give_up = now + self.op.lease / 2;
-        recording
-            .settle(give_up)
-            .await
-            .map_err(|source| self.store_error(operation, source))
-    }
-
-    /// The body failed: the caller gets its own error whatever happens here; what went
-    /// wrong with the record is logged.
-    async fn settle_after_failure(&self, lease: Lease, verdict: Verdict) {
-        let operation = verdict.operation();
-        let fence = lease.fence;
-        match self.settle(lease, verdict).await {
-            Ok(Settled::Recorded) => {}
-            Ok(Settled::Lost) => {
-                let error = self.lease_lost(fence, operation);
-                tracing::warn!(target: "idem", %error, "idempotent call failed after losing its claim");
-            }
-            Err(error) => {
-                tracing::warn!(target: "idem", %error, "could not yet record the outcome of a failed idempotent call")
+        async move {
+            let settled = recording.settle(give_up).await;
+            match (settled, succeeded) {
+                (Ok(Settled::Recorded), _) => answer,
+                (Ok(Settled::Lost), true) => {
+                    let error = self.lease_lost(fence, operation);
+                    tracing::warn!(target: "idem", %error, "idempotent call finished after losing its claim");
+                    Err(error.into())
+                }
+                (Err(source), true) => Err(self.store_error(operation, source).into()),
+                // The body failed: the caller gets its own error whatever happens here;
+                // what went wrong with the record is logged.
+                (Ok(Settled::Lost), false) => {
+                    let error = self.lease_lost(fence, operation);
+                    tracing::warn!(target: "idem", %error, "idempotent call failed after losing its claim");
+                    answer
+                }
+                (Err(source), false) => {
+                    let error = self.store_error(operation, source);
+                    tracing::warn!(target: "idem", %error, "could not yet record the outcome of a failed idempotent call");
+                    answer
+                }
             }
         }
     }

@@ -49,8 +49,8 @@ pub async fn a_tombstone_answers_gone_until_its_window_ends(store: &Store) {
     let op = Idempotent::new(biz.clone())
         .ttl(ttl)
         .after_expiry(AfterExpiry::Gone(window))
-        .payload(&"charge ada 199")
-        .keep_request(true);
+        .keep_request(true)
+        .payload(&"charge ada 199");
     let runs = Runs::default();
     let started = std::time::Instant::now();
     assert_eq!(
@@ -115,7 +115,7 @@ pub async fn an_erased_subject_is_answered_erased_and_never_run(store: &Store) {
     let refund_op = Idempotent::new(refund.clone()).on_error(OnError::Record);
     let runs = Runs::default();
 
-    let ada_pay = pay_op.clone().subject(&ada).payload(&"ada's card").keep_request(true);
+    let ada_pay = pay_op.clone().subject(&ada).keep_request(true).payload(&"ada's card");
     call(&ada_pay, store, "order-1", &runs, "receipt for ada")
         .await
         .unwrap();
@@ -216,8 +216,8 @@ pub async fn what_is_not_kept_is_never_replayed_nor_run_again(store: &Store) {
 
     let redacted = Idempotent::new(biz.clone())
         .redact(["/secret"])
-        .payload(&serde_json::json!({"user": "ada", "password": "hunter2"}))
         .keep_request(true)
+        .payload(&serde_json::json!({"user": "ada", "password": "hunter2"}))
         .redact(["/password"]);
     assert_eq!(issue(redacted.clone(), "r").await.unwrap().secret, "otp-918273");
     let kept = stored(store, &biz, "r").await;
