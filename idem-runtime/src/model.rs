@@ -173,6 +173,31 @@ macro_rules! scalars {
     };
 }
 
+/// The openers of a named compound (a tuple struct, a struct) and of its enum variant:
+/// the tag, the names, the length; then its fields.
+macro_rules! compounds {
+    ($($named:ident, $variant:ident => $tag:ident, $variant_tag:ident);* $(;)?) => {
+        $(fn $named(self, name: &'static str, len: usize) -> Result<Self, serde_json::Error> {
+            self.tag(Tag::$tag);
+            self.text(name.as_bytes());
+            self.length(Some(len));
+            Ok(self)
+        }
+
+        fn $variant(
+            self,
+            name: &'static str,
+            index: u32,
+            variant: &'static str,
+            len: usize,
+        ) -> Result<Self, serde_json::Error> {
+            self.variant(Tag::$variant_tag, name, index, variant);
+            self.length(Some(len));
+            Ok(self)
+        })*
+    };
+}
+
 impl<S: Sink> ser::Serializer for &mut Writer<S> {
     type Ok = ();
     type Error = serde_json::Error;
@@ -297,48 +322,15 @@ impl<S: Sink> ser::Serializer for &mut Writer<S> {
         Ok(self)
     }
 
-    fn serialize_tuple_struct(self, name: &'static str, len: usize) -> Result<Self, serde_json::Error> {
-        self.tag(Tag::TupleStruct);
-        self.text(name.as_bytes());
-        self.length(Some(len));
-        Ok(self)
-    }
-
-    fn serialize_tuple_variant(
-        self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<Self, serde_json::Error> {
-        self.variant(Tag::TupleVariant, name, index, variant);
-        self.length(Some(len));
-        Ok(self)
-    }
-
     fn serialize_map(self, len: Option<usize>) -> Result<Self, serde_json::Error> {
         self.tag(Tag::Map);
         self.length(len);
         Ok(self)
     }
 
-    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Self, serde_json::Error> {
-        self.tag(Tag::Struct);
-        self.text(name.as_bytes());
-        self.length(Some(len));
-        Ok(self)
-    }
-
-    fn serialize_struct_variant(
-        self,
-        name: &'static str,
-        index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<Self, serde_json::Error> {
-        self.variant(Tag::StructVariant, name, index, variant);
-        self.length(Some(len));
-        Ok(self)
+    compounds! {
+        serialize_tuple_struct, serialize_tuple_variant => TupleStruct, TupleVariant;
+        serialize_struct, serialize_struct_variant => Struct, StructVariant;
     }
 }
 
