@@ -7,31 +7,36 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
 use http::response::Parts;
 use http::{Response, StatusCode};
-use serde::{Deserialize, Serialize};
+use serde::de::{Error as _, IgnoredAny, MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::grpc::{GRPC_MESSAGE, GRPC_STATUS, GRPC_STATUS_DETAILS};
 
 /// The header a replayed response carries.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
-/// A finished response, in the record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A finished response, in the record: one JSON object, its body under the key that
+/// says how it is kept — `{"status":201,"headers":[…],"text":"…"}` (or `"base64"`, or
+/// `"not_kept"`), and `"trailers"` when there are any.
+///
+/// Written and read by hand rather than with `#[serde(flatten)]`, which reads an object
+/// by buffering every entry first: the same JSON, read without that copy, on every first
+/// request (whose answer is read back to check it replays equal) and every replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RecordedResponse {
     status: u16,
     /// `content-type`, a trailers-only gRPC response's status, and the headers the layer
     /// was told to replay, in order.
     headers: Vec<(String, String)>,
-    #[serde(flatten)]
     body: RecordedBody,
     /// Trailers (gRPC's status), in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     trailers: Vec<(String, String)>,
 }
 
 /// The body: as text when it is UTF-8 (readable in the table), else base64; or why
 /// it was not kept (a stream that grew past the limit, or was cut off).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum RecordedBody {
     Text(String),
     Base64(String),
@@ -44,6 +49,101 @@ impl RecordedBody {
             Ok(text) => RecordedBody::Text(text.to_owned()),
             Err(_) => RecordedBody::Base64(STANDARD.encode(body)),
         }
+    }
+
+    /// Its key in the record's object, and its value.
+    fn entry(&self) -> (&'static str, &str) {
+        match self {
+            RecordedBody::Text(text) => ("text", text),
+            RecordedBody::Base64(encoded) => ("base64", encoded),
+            RecordedBody::NotKept(why) => ("not_kept", why),
+        }
+    }
+}
+
+impl Serialize for RecordedResponse {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("status", &self.status)?;
+        map.serialize_entry("headers", &self.headers)?;
+        let (kept, body) = self.body.entry();
+        map.serialize_entry(kept, body)?;
+        if !self.trailers.is_empty() {
+            map.serialize_entry("trailers", &self.trailers)?;
+        }
+        map.end()
+    }
+}
+
+/// The keys of a recorded response's object; any other is passed over.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Field {
+    Status,
+    Headers,
+    Text,
+    Base64,
+    NotKept,
+    Trailers,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for RecordedResponse {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ResponseVisitor)
+    }
+}
+
+struct ResponseVisitor;
+
+impl<'de> Visitor<'de> for ResponseVisitor {
+    type Value = RecordedResponse;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a recorded response: an object with `status`, `headers` and its body")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RecordedResponse, A::Error> {
+        let (mut status, mut headers, mut body, mut trailers) = (None, None, None, None);
+        while let Some(field) = map.next_key::<Field>()? {
+            let once = |seen: bool, name: &'static str| match seen {
+                true => Err(A::Error::duplicate_field(name)),
+                false => Ok(()),
+            };
+            match field {
+                Field::Status => {
+                    once(status.is_some(), "status")?;
+                    status = Some(map.next_value()?);
+                }
+                Field::Headers => {
+                    once(headers.is_some(), "headers")?;
+                    headers = Some(map.next_value()?);
+                }
+                Field::Trailers => {
+                    once(trailers.is_some(), "trailers")?;
+                    trailers = Some(map.next_value()?);
+                }
+                Field::Text | Field::Base64 | Field::NotKept => {
+                    once(body.is_some(), "the body")?;
+                    let value: String = map.next_value()?;
+                    body = Some(match field {
+                        Field::Text => RecordedBody::Text(value),
+                        Field::Base64 => RecordedBody::Base64(value),
+                        _ => RecordedBody::NotKept(value),
+                    });
+                }
+                Field::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(RecordedResponse {
+            status: status.ok_or_else(|| A::Error::missing_field("status"))?,
+            headers: headers.ok_or_else(|| A::Error::missing_field("headers"))?,
+            body: body.ok_or_else(|| A::Error::custom("no body: expected `text`, `base64` or `not_kept`"))?,
+            trailers: trailers.unwrap_or_default(),
+        })
     }
 }
 
@@ -181,6 +281,35 @@ mod tests {
         use http_body_util::BodyExt;
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(response.into_body().collect()).unwrap().to_bytes()
+    }
+
+    /// Records written by the derived (flattened) form read back the same, with their
+    /// trailers, a body of each kind and a key this version does not know; a record
+    /// without a body, or with two, is refused.
+    #[test]
+    fn records_of_every_shape_read_back() {
+        for json in [
+            r#"{"status":200,"headers":[],"text":"ok"}"#,
+            r#"{"status":200,"headers":[["content-type","text/plain"]],"base64":"AJ8=","trailers":[["grpc-status","0"]]}"#,
+            r#"{"status":201,"headers":[],"not_kept":"the stream grew past 1 MiB"}"#,
+        ] {
+            let read: RecordedResponse = serde_json::from_str(json).unwrap();
+            assert_eq!(
+                serde_json::to_string(&read).unwrap(),
+                json,
+                "written back as it was read"
+            );
+        }
+        let later: RecordedResponse =
+            serde_json::from_str(r#"{"status":200,"headers":[],"later":{"a":[1]},"text":"ok"}"#).unwrap();
+        assert_eq!(later.body, RecordedBody::Text("ok".into()));
+        for refused in [
+            r#"{"status":200,"headers":[]}"#,
+            r#"{"status":200,"headers":[],"text":"a","base64":"AA=="}"#,
+            r#"{"headers":[],"text":"a"}"#,
+        ] {
+            assert!(serde_json::from_str::<RecordedResponse>(refused).is_err(), "{refused}");
+        }
     }
 
     #[test]
