@@ -38,7 +38,7 @@ const TEST_CLOCK_THRESHOLD: Duration = Duration::from_millis(1);
 /// keeps, so an instant written and read back compares equal. Moved by tokio's test
 /// clock (see the module docs).
 pub fn now() -> SystemTime {
-    whole_micros(moved_by_tokio(SystemTime::now(), tokio::time::Instant::now()))
+    Reading::take().at
 }
 
 /// An instant of [`now`], with the moment on tokio's clock it was read at: a call's

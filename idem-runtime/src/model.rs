@@ -24,9 +24,7 @@ pub(crate) fn same<T: Serialize + ?Sized>(a: &T, b: &T) -> bool {
     }
     let compare = |written: &mut Vec<u8>| {
         written.clear();
-        let mut first = Writer(std::mem::take(written));
-        let wrote = a.serialize(&mut first).is_ok();
-        *written = first.0;
+        let wrote = a.serialize(&mut Writer(&mut *written)).is_ok();
         let mut second = Writer(Against {
             expected: written,
             at: 0,
@@ -34,7 +32,7 @@ pub(crate) fn same<T: Serialize + ?Sized>(a: &T, b: &T) -> bool {
         });
         wrote && b.serialize(&mut second).is_ok() && !second.0.differs && second.0.at == written.len()
     };
-    let same = WRITTEN.with(|written| match written.try_borrow_mut() {
+    WRITTEN.with(|written| match written.try_borrow_mut() {
         Ok(mut written) => {
             let same = compare(&mut written);
             if written.capacity() > KEPT_CAPACITY {
@@ -44,8 +42,7 @@ pub(crate) fn same<T: Serialize + ?Sized>(a: &T, b: &T) -> bool {
         }
         // A `Serialize` that compares answers of its own, within this one.
         Err(_) => compare(&mut Vec::new()),
-    });
-    same
+    })
 }
 
 /// The most the thread's buffer keeps between comparisons: a large answer's bytes are
@@ -55,9 +52,9 @@ const KEPT_CAPACITY: usize = 64 * 1024;
 /// The tagged bytes of `value`.
 #[cfg(test)]
 fn bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
-    let mut writer = Writer(Vec::new());
-    value.serialize(&mut writer)?;
-    Ok(writer.0)
+    let mut written = Vec::new();
+    value.serialize(&mut Writer(&mut written))?;
+    Ok(written)
 }
 
 /// Where the bytes go.
@@ -65,7 +62,7 @@ trait Sink {
     fn put(&mut self, bytes: &[u8]);
 }
 
-impl Sink for Vec<u8> {
+impl Sink for &mut Vec<u8> {
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
     }

@@ -110,41 +110,31 @@ impl Call<'_> {
                     }
                 }
             };
-            // A finished record answers at once; waiting (rare) runs in a future of its
-            // own, so that a call's future does not carry the waiting's state.
-            let waiting = match in_the_way {
-                Some(record) => match self.answer_from(record, fingerprint)? {
-                    Ok(answer) => return Ok(answer),
-                    Err(running) => Box::pin(self.wait_on(Some(running), fingerprint, deadline)),
-                },
-                None => Box::pin(self.wait_on(None, fingerprint, deadline)),
-            };
-            match waiting.await? {
+            // A finished record answers at once.
+            if let Some(record) = in_the_way {
+                if let Ok(answer) = self.answer_from(record, fingerprint)? {
+                    return Ok(answer);
+                }
+            }
+            // Waiting (rare) runs in a future of its own, so that a call's future does
+            // not carry the waiting's state.
+            match Box::pin(self.wait_on(fingerprint, deadline)).await? {
                 Waited::Answered(answer) => return Ok(answer),
                 Waited::Free => continue,
             }
         }
     }
 
-    /// A live record stands in the way: answer from it, or read it until it finishes or
-    /// the key becomes free, within the deadline. The waiters of the key in this process
-    /// share the reads ([`Seat`]).
+    /// A record running stands in the way (or a claim under way here just took the
+    /// key): read it until it finishes or the key becomes free, within the deadline.
+    /// The waiters of the key in this process share the reads ([`Seat`]).
     async fn wait_on<T: DeserializeOwned>(
         &self,
-        record: Option<Record>,
         fingerprint: Option<&str>,
         deadline: Option<Instant>,
     ) -> Result<Waited<T>, Error> {
         let mut seat: Option<Seat> = None;
-        let mut record = record;
         loop {
-            // `None`: a claim under way here just took the key (its fingerprint was
-            // checked), or waiters here read it running; the next read tells more.
-            if let Some(record) = record.take() {
-                if let Ok(answer) = self.answer_from(record, fingerprint)? {
-                    return Ok(Waited::Answered(answer));
-                }
-            }
             let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));
             };
@@ -156,11 +146,14 @@ impl Call<'_> {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));
             };
             let now = clock::now();
-            record = match &*read {
+            let record = match &*read {
                 Err(error) => return Err(self.store_error("get", error.relayed())),
-                Ok(Some(record)) if stands(record, now) => Some(record.clone()),
+                Ok(Some(record)) if stands(record, now) => record.clone(),
                 Ok(_) => return Ok(Waited::Free),
             };
+            if let Ok(answer) = self.answer_from(record, fingerprint)? {
+                return Ok(Waited::Answered(answer));
+            }
         }
     }
 
