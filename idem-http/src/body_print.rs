@@ -16,7 +16,8 @@ use std::fmt::Write;
 
 use serde_json::value::RawValue;
 
-use idem_runtime::digest::sha256_hex;
+use idem_runtime::digest::{hex, sha256_hex};
+use sha2::{Digest, Sha256};
 
 /// How a request body is fingerprinted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -75,7 +76,8 @@ impl BodyPrint {
         BodyPrint::Fields(
             leaves
                 .into_iter()
-                .map(|(path, material)| (path, sha256_hex(material)[..16].to_owned()))
+                // The first 8 bytes of the hash, as 16 hex digits.
+                .map(|(path, material)| (path, hex(&Sha256::digest(material)[..8])))
                 .collect(),
         )
     }
@@ -124,7 +126,11 @@ fn collect(
     let mut descend = |kind: char, step: &str, child: &RawValue, path: &mut String, shape: &mut String| {
         let (at, kinds) = (path.len(), shape.len());
         path.push('/');
-        path.push_str(&step.replace('~', "~0").replace('/', "~1"));
+        if step.contains(['~', '/']) {
+            path.push_str(&step.replace('~', "~0").replace('/', "~1"));
+        } else {
+            path.push_str(step);
+        }
         shape.push(kind);
         let collected = collect(child, path, shape, ignored, leaves);
         path.truncate(at);
@@ -157,10 +163,11 @@ fn collect(
         b't' | b'f' | b'n' => text.to_owned(),
         _ => number(text)?,
     };
-    leaves.push((
-        if path.is_empty() { "/".to_owned() } else { path.clone() },
-        format!("{shape}|{leaf}"),
-    ));
+    let mut material = String::with_capacity(shape.len() + 1 + leaf.len());
+    material.push_str(shape);
+    material.push('|');
+    material.push_str(&leaf);
+    leaves.push((if path.is_empty() { "/".to_owned() } else { path.clone() }, material));
     Some(())
 }
 
@@ -283,6 +290,22 @@ mod tests {
         assert_ne!(a, b);
         let broken = BodyPrint::of(b"{not json", Some("application/json"), BodyFingerprint::default(), &[]);
         assert!(matches!(broken, BodyPrint::Sha256(_)));
+    }
+
+    /// A record keeps its body's print, and a retry's print is compared with it: the
+    /// print of a body must stay what earlier versions wrote.
+    #[test]
+    fn a_print_kept_by_an_earlier_version_still_matches() {
+        let kept = |leaves: &[(&str, &str)]| {
+            let leaves = leaves
+                .iter()
+                .map(|(path, hash)| ((*path).to_owned(), (*hash).to_owned()));
+            BodyPrint::Fields(leaves.collect())
+        };
+        assert_eq!(
+            print(r#"{"a/b":{"~x":[1]},"c":"x"}"#, &[]),
+            kept(&[("/a~1b/~0x/0", "1d78707e1fd341fa"), ("/c", "47b416c7f8a7ccdd")])
+        );
     }
 
     #[test]

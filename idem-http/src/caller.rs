@@ -86,13 +86,16 @@ impl Callers {
                 _ => return Err(Unknown::NoPrincipal),
             },
             Callers::SessionCookie(name) => match named_cookie(request, name) {
-                Some(value) => format!("session:{}", &hex(&Sha256::digest(value))[..32]),
+                // The first 16 bytes of the hash, as 32 hex digits.
+                Some(value) => format!("session:{}", hex(&Sha256::digest(value)[..16])),
                 None => return Err(Unknown::NoSession(name.clone())),
             },
             Callers::Unnamed => return Err(Unknown::NoPrincipal),
         };
-        let tenant = tenant_header.map(|name| tenant(request, name));
-        Ok(idem_runtime::scoped_key::caller_scope(&caller, tenant.as_deref()))
+        Ok(match tenant_header {
+            None => caller,
+            Some(name) => idem_runtime::scoped_key::caller_scope(&caller, Some(&tenant(request, name))),
+        })
     }
 }
 
@@ -198,6 +201,8 @@ mod tests {
             .of(&parts(&[("cookie", b"session=s1; theme=light; seen=3")]), None)
             .unwrap();
         assert_eq!(first, again, "other cookies do not change the scope");
+        // Records are keyed by it: it stays what earlier versions wrote.
+        assert_eq!(first, "session:e8bc163c82eee18733288c7d4ac636db");
         assert!(!first.contains("s1"), "hashed, never in clear: {first}");
         assert_ne!(first, callers.of(&parts(&[("cookie", b"session=s2")]), None).unwrap());
         assert!(callers.of(&parts(&[("cookie", b"theme=dark")]), None).is_err());

@@ -76,9 +76,9 @@ pub fn unordered<T: Serialize + ?Sized, S: Serializer>(value: &T, serializer: S)
 /// The fingerprint of `payload`: lower-case hex SHA-256 of its canonical encoding (see
 /// the module docs). Fails only when the payload's own `Serialize` fails.
 pub(crate) fn fingerprint<P: Serialize + ?Sized>(payload: &P) -> Result<String, EncodeError> {
-    let mut text = String::new();
-    payload.serialize(Canonical::new(&mut text))?;
-    Ok(crate::digest::sha256_hex(text))
+    let mut top = Held::new();
+    payload.serialize(Canonical::new(&mut top.text))?;
+    Ok(crate::digest::sha256_hex(&top.text))
 }
 
 /// Why a payload could not be encoded: its own `Serialize` failed.
@@ -122,7 +122,7 @@ impl<'o> Canonical<'o> {
 
     /// The items of a sequence or tuple, opened.
     fn items(self, close: &'static str) -> Items<'o> {
-        let multiset = self.unordered.then(Held::default);
+        let multiset = self.unordered.then(Held::new);
         if multiset.is_none() {
             self.out.push('[');
         }
@@ -138,7 +138,7 @@ impl<'o> Canonical<'o> {
     fn entries(self, close: &'static str) -> Entries<'o> {
         Entries {
             out: self.out,
-            held: Held::default(),
+            held: Held::new(),
             name: None,
             close,
         }
@@ -374,7 +374,7 @@ impl Items<'_> {
     }
 
     fn close(self) -> Result<(), EncodeError> {
-        if let Some(held) = self.multiset {
+        if let Some(mut held) = self.multiset {
             held.write_sorted(self.out, '[', ']');
         } else {
             self.out.push(']');
@@ -386,13 +386,56 @@ impl Items<'_> {
 
 /// Encodings held apart to be sorted before they are written: one buffer, and the spans
 /// of each entry's name and value in it (an item of a multiset has only a name).
-#[derive(Default)]
+///
+/// Its buffers come from, and go back to, a few this thread keeps: a fingerprint
+/// allocates nothing once they have grown.
 struct Held {
     text: String,
-    spans: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+    spans: Vec<Spans>,
+}
+
+/// An entry's name and value in [`Held`]'s buffer.
+type Spans = (std::ops::Range<usize>, std::ops::Range<usize>);
+
+thread_local! {
+    /// The buffers of `Held`s that ended, emptied, for the next ones on this thread.
+    static SPARE: std::cell::RefCell<Vec<(String, Vec<Spans>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The most buffers a thread keeps (one per level of nesting), and the largest it keeps.
+const SPARE_BUFFERS: usize = 16;
+const SPARE_CAPACITY: usize = 16 * 1024;
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.text.capacity() > SPARE_CAPACITY || self.spans.capacity() > SPARE_CAPACITY / 16 {
+            return;
+        }
+        let (mut text, mut spans) = (std::mem::take(&mut self.text), std::mem::take(&mut self.spans));
+        text.clear();
+        spans.clear();
+        // Not kept while the thread ends, or with the spare buffers full.
+        let _ = SPARE.try_with(|spare| {
+            if let Ok(mut spare) = spare.try_borrow_mut() {
+                if spare.len() < SPARE_BUFFERS {
+                    spare.push((text, spans));
+                }
+            }
+        });
+    }
 }
 
 impl Held {
+    /// Empty buffers: spare ones of this thread's, or new.
+    fn new() -> Held {
+        let spare = SPARE
+            .try_with(|spare| spare.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten();
+        let (text, spans) = spare.unwrap_or_default();
+        Held { text, spans }
+    }
+
     /// Encode `value` at the end of the buffer; its span.
     fn encode<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<std::ops::Range<usize>, EncodeError> {
         let start = self.text.len();
@@ -402,7 +445,7 @@ impl Held {
 
     /// `open`, the entries sorted by name then value (`name:value`, or `name` alone
     /// for an item), `close`.
-    fn write_sorted(mut self, out: &mut String, open: char, close: char) {
+    fn write_sorted(&mut self, out: &mut String, open: char, close: char) {
         let text = &self.text;
         self.spans.sort_unstable_by(|(a, x), (b, y)| {
             text[a.clone()]
@@ -461,7 +504,7 @@ struct Entries<'o> {
 }
 
 impl Entries<'_> {
-    fn close(self) -> Result<(), EncodeError> {
+    fn close(mut self) -> Result<(), EncodeError> {
         self.held.write_sorted(self.out, '{', '}');
         self.out.push_str(self.close);
         Ok(())

@@ -2,6 +2,8 @@
 //! HTTP layer (`idem-http`) forms it, and as an operator forms it again to find that
 //! record (`idem show --http`).
 
+use std::fmt::Write as _;
+
 use crate::digest::key_or_digest;
 
 /// A caller's scope: `caller` alone, or narrowed by `tenant` (the layer's
@@ -26,6 +28,8 @@ pub fn caller_scope(caller: &str, tenant: Option<&str>) -> String {
 /// assert_eq!(caller_scope("alice", Some("acme")), "4:acmealice");
 /// ```
 pub fn http_record_key(method: &str, route: &str, scope: &str, key: &str) -> String {
-    let readable = format!("{method} {route} {}:{scope} {key}", scope.len());
+    // Written into a string of the right size at once: `format!` grows it several times.
+    let mut readable = String::with_capacity(method.len() + route.len() + scope.len() + key.len() + 24);
+    let _ = write!(readable, "{method} {route} {}:{scope} {key}", scope.len());
     key_or_digest(readable, |c| !c.is_control())
 }

@@ -291,8 +291,8 @@ where
 impl Call<'_> {
     /// Record the outcome, then hand the caller its result. An `Ok`
     /// value that would not replay equal is recorded `FAIL` (the body ran; it must not
-    /// run again) and the caller gets [`Error::Encode`]. `at` is the clock's reading at
-    /// the claim, and the moment the body ended.
+    /// run again) and the caller gets [`Error::Encode`]. `read` is the clock's reading at
+    /// the claim, `now` the moment the body ended.
     ///
     /// A plain function: the write is set up here and awaited in one future, which holds
     /// the outcome and the lease once (`async fn` layers would each keep a copy).
