@@ -73,21 +73,8 @@ impl Effects {
                 .unwrap();
             effects.causal = wsrep.is_some_and(|(_, on)| on == "ON");
         }
-        // Concurrent CREATE TABLE IF NOT EXISTS can race on PostgreSQL's catalog:
-        // tolerate losing that race.
-        let created = sqlx::query(
-            "CREATE TABLE IF NOT EXISTS storm_effect (run_id VARCHAR(128) NOT NULL, k VARCHAR(255) NOT NULL, \
-             token VARCHAR(255) NOT NULL)",
-        )
-        .execute(&effects.pool)
-        .await;
-        if let Err(error) = created {
-            assert!(error.to_string().contains("duplicate key"), "{error}");
-        }
-        let created = sqlx::query(CREATE_RUNS).execute(&effects.pool).await;
-        if let Err(error) = created {
-            assert!(error.to_string().contains("duplicate key"), "{error}");
-        }
+        create_table(&effects.pool, CREATE_EFFECTS).await;
+        create_table(&effects.pool, CREATE_RUNS).await;
         effects
     }
 
@@ -199,6 +186,22 @@ impl Effects {
         by_key
     }
 }
+
+/// Runs `create`, a `CREATE TABLE IF NOT EXISTS`. Concurrent ones race on PostgreSQL's
+/// catalog (a duplicate key in `pg_type`, or the relation that already exists) and on a
+/// SQLite file's lock: the loser runs it again, and then finds the winner's table.
+async fn create_table(pool: &AnyPool, create: &str) {
+    let mut tries = 0;
+    while let Err(error) = sqlx::query(create).execute(pool).await {
+        tries += 1;
+        assert!(tries < 5, "could not create a test table ({tries} tries): {error}");
+        tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+    }
+}
+
+/// The business table of `Effects`.
+const CREATE_EFFECTS: &str = "CREATE TABLE IF NOT EXISTS storm_effect (run_id VARCHAR(128) NOT NULL, \
+     k VARCHAR(255) NOT NULL, token VARCHAR(255) NOT NULL)";
 
 /// The table of bodies' runs a chaos run writes (`Effects::record_run`).
 const CREATE_RUNS: &str = "CREATE TABLE IF NOT EXISTS chaos_effect (run_id VARCHAR(128) NOT NULL, \
