@@ -90,6 +90,9 @@ pub(crate) struct FirstClaim<'s> {
 /// table's claim and read statements: every SQL store's [`ClaimSite`].
 pub(crate) struct OnConnection<'c, D: Dialect> {
     pub conn: &'c mut <D::Db as Database>::Connection,
+    /// Whether no `BEGIN` on `conn` is unfinished, when it is a connection of the
+    /// store's pool ([`crate::pooler::Lent`]); `None` for the caller's.
+    pub settled: Option<&'c mut bool>,
     /// The claim statement.
     pub upsert: &'c str,
     /// The read of one record.

@@ -89,11 +89,44 @@ impl Pooler {
     }
 }
 
+/// A connection of the store's pool, lent to one operation.
+///
+/// A transaction's `BEGIN` that did not finish — its future dropped while the round
+/// trip was under way (a waiter that gave up, a heartbeat outrun by the body's end), or
+/// an error — may leave the server inside a transaction the driver does not know of,
+/// and so never rolls back. Handed to the pool's next borrower (which may be the
+/// application's own code, on a pool it shares with the store), that connection would
+/// run every later statement inside it, holding its locks, until one fails and fails
+/// all the rest. Such a connection is closed when the operation lets it go (the server
+/// rolls its transaction back), never returned to the pool.
+pub(crate) struct Lent<DB: sqlx::Database> {
+    /// The connection.
+    pub conn: sqlx::pool::PoolConnection<DB>,
+    /// No `BEGIN` on it is unfinished: it may go back to the pool.
+    pub settled: bool,
+}
+
+impl<DB: sqlx::Database> Lent<DB> {
+    /// `conn`, with no `BEGIN` under way.
+    pub fn new(conn: sqlx::pool::PoolConnection<DB>) -> Self {
+        Lent { conn, settled: true }
+    }
+}
+
+impl<DB: sqlx::Database> Drop for Lent<DB> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// Run `$run` — statements on the connection `$conn`, a future of `Result<_,
 /// StoreError>` — as one transaction on a connection of `$parts`' pool when its
 /// statements are unprepared (`$parts.sql.prepared` false: the pooler lends a server
 /// connection only for a transaction), else on the pool itself. `$operation` names the
-/// begin's and commit's errors. A statement that fails rolls the transaction back.
+/// begin's and commit's errors. A statement that fails rolls the transaction back; a
+/// `BEGIN` that did not finish closes the connection ([`Lent`]).
 macro_rules! on_pool {
     ($parts:expr, $operation:expr, $conn:ident => $run:expr) => {
         async {
@@ -102,13 +135,15 @@ macro_rules! on_pool {
                 let $conn = &parts.pool;
                 $run.await
             } else {
-                let mut held = parts
-                    .pool
-                    .acquire()
-                    .await
-                    .map_err(|e| crate::error::driver_error($operation, e))?;
-                let $conn = &mut *held;
-                crate::pooler::within!(false, $operation, $conn => $run).await
+                let mut lent = crate::pooler::Lent::new(
+                    parts
+                        .pool
+                        .acquire()
+                        .await
+                        .map_err(|e| crate::error::driver_error($operation, e))?,
+                );
+                let $conn = &mut *lent.conn;
+                crate::pooler::within!(false, $operation, Some(&mut lent.settled), $conn => $run).await
             }
         }
     };
@@ -116,15 +151,24 @@ macro_rules! on_pool {
 
 /// Run `$run` — statements on `$conn`, a `&mut` connection already held, a future of
 /// `Result<_, StoreError>` — inside one transaction on it when `$prepared` is false, as
-/// [`on_pool!`] does; as it is otherwise.
+/// [`on_pool!`] does; as it is otherwise. `$settled` (an `Option<&mut bool>`: the
+/// [`Lent::settled`] of a connection of the store's pool, `None` for the caller's) is
+/// false while the `BEGIN` is under way, and stays false if it fails.
 macro_rules! within {
-    ($prepared:expr, $operation:expr, $conn:ident => $run:expr) => {
+    ($prepared:expr, $operation:expr, $settled:expr, $conn:ident => $run:expr) => {
         async {
             if $prepared {
                 $run.await
             } else {
                 let failed = |e| crate::error::driver_error($operation, e);
+                let mut settled: Option<&mut bool> = $settled;
+                if let Some(settled) = settled.as_deref_mut() {
+                    *settled = false;
+                }
                 let mut transaction = sqlx::Connection::begin(&mut *$conn).await.map_err(failed)?;
+                if let Some(settled) = settled {
+                    *settled = true;
+                }
                 let result = {
                     let $conn = &mut *transaction;
                     $run.await

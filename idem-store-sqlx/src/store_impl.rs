@@ -32,9 +32,10 @@ macro_rules! impl_idempotency_store {
                 use crate::dialect::Dialect;
                 let claimed = async {
                     self.ensure_table().await?;
-                    let mut conn = self.connection("claim").await?;
+                    let mut lent = crate::pooler::Lent::new(self.connection("claim").await?);
                     let mut site = crate::claim::OnConnection::<Self> {
-                        conn: &mut *conn,
+                        conn: &mut *lent.conn,
+                        settled: Some(&mut lent.settled),
                         upsert: &self.parts.upsert_sql,
                         get: self.get_statement(),
                         insert: self.parts.first_claim(),
@@ -88,9 +89,9 @@ macro_rules! impl_idempotency_store {
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
                 let released = crate::rollback::retrying(|| async {
-                    let mut conn = self.connection("release").await?;
-                    let conn = &mut *conn;
-                    crate::pooler::within!(self.parts.sql.prepared, "release", conn => {
+                    let mut lent = crate::pooler::Lent::new(self.connection("release").await?);
+                    let conn = &mut *lent.conn;
+                    crate::pooler::within!(self.parts.sql.prepared, "release", Some(&mut lent.settled), conn => {
                         Self::release_in(conn, &self.parts.sql, lease)
                     })
                     .await
@@ -158,7 +159,7 @@ macro_rules! impl_idempotency_store {
             ) -> Result<crate::claim::Inserted, idem_runtime::StoreError> {
                 let insert = self.insert.expect("a site that inserts first has the statement");
                 let (conn, sql) = (&mut *self.conn, self.sql);
-                crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
+                crate::pooler::within!(sql.prepared || self.pinned, "claim", self.settled.as_deref_mut(), conn => {
                     <$store as crate::dialect::Dialect>::insert_if_absent(conn, insert, sql, claim)
                 })
                 .await
@@ -182,7 +183,7 @@ macro_rules! impl_idempotency_store {
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<crate::dialect::Upserted, idem_runtime::StoreError> {
                 let (conn, sql) = (&mut *self.conn, self.sql);
-                crate::pooler::within!(sql.prepared || self.pinned, "claim", conn => {
+                crate::pooler::within!(sql.prepared || self.pinned, "claim", self.settled.as_deref_mut(), conn => {
                     <$store as crate::dialect::Dialect>::upsert(conn, self.upsert, self.get, sql, claim)
                 })
                 .await
@@ -193,7 +194,7 @@ macro_rules! impl_idempotency_store {
                 claim: &idem_runtime::Claim<'_>,
             ) -> Result<(Option<idem_runtime::Record>, Option<std::time::SystemTime>), idem_runtime::StoreError> {
                 let (conn, sql, get) = (&mut *self.conn, self.sql, self.get);
-                let row = crate::pooler::within!(sql.prepared || self.pinned, "get", conn => async {
+                let row = crate::pooler::within!(sql.prepared || self.pinned, "get", self.settled.as_deref_mut(), conn => async {
                     sql.query(get)
                         .bind(claim.biz)
                         .bind(claim.key)

@@ -421,6 +421,7 @@ macro_rules! impl_transaction_database {
                 };
                 let mut site = crate::claim::OnConnection::<$store> {
                     conn: &mut *conn,
+                    settled: None,
                     upsert: &table.upsert_sql,
                     get: &table.sql.get_in_transaction,
                     // In the caller's transaction the claim statement alone decides, as it

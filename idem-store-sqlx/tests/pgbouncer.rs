@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use conformance::calls::Store;
 use harness::failover::Storm;
 use idem::sqlx::{self, Connection};
-use idem::{Idempotent, LeaseClock, PostgresStore};
+use idem::{IdempotencyStore, Idempotent, LeaseClock, PostgresStore};
 
 /// The pooler in transaction mode, said in the URL.
 fn pooled_url() -> Option<String> {
@@ -310,4 +310,61 @@ async fn a_read_only_server_is_refused_before_any_body_runs() {
     let store = PostgresStore::new(pool).with_table_name("idem_ro").unwrap();
     let chain = harness::refused_before_the_body(Arc::new(store)).await;
     assert!(chain.contains("reached a read-only server"), "{chain}");
+}
+
+/// Operations dropped at every point of their round trips (a waiter that gave up, a
+/// heartbeat outrun by the body's end) leave no connection of the store's pool inside a
+/// transaction: the next operation on that one connection works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
+    let Some(url) = pooled_url() else { return };
+    let (pooler, url) = idem::sql::Pooler::from_url(&url).unwrap();
+    // One connection: every operation after a cancelled one runs on it.
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.extra_float_digits(None))
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .with_pooler(pooler)
+        .with_table_name("idem_pooled_cancelled")
+        .unwrap();
+    store.migrate().await.unwrap();
+    let op = Idempotent::new("pooled.cancelled").store(Arc::new(store.clone()));
+    let mut cancelled = 0;
+    for round in 0..400u64 {
+        // Dropped after 0 to ~2 ms: before, during or after the BEGIN, a statement or
+        // the COMMIT.
+        let after = Duration::from_micros(round * 37 % 2_000);
+        let key = format!("k{}", round % 20);
+        let call = op.execute(&key, async move { Ok::<_, idem::Error>(round) });
+        if tokio::time::timeout(after, call).await.is_err() {
+            cancelled += 1;
+        }
+        if tokio::time::timeout(after, store.get("pooled.cancelled", &key))
+            .await
+            .is_err()
+        {
+            cancelled += 1;
+        }
+        // Outside any transaction of its own: inside one only if a cancelled BEGIN left it.
+        let row = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        let fresh: bool = sqlx::Row::get(&row, 0);
+        assert!(
+            fresh,
+            "round {round}: the pooled connection was left inside a transaction"
+        );
+        store
+            .get("pooled.cancelled", &key)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the operation after a cancelled one failed: {e:#}"));
+    }
+    assert!(
+        cancelled > 100,
+        "the operations were cancelled mid-way ({cancelled} times)"
+    );
 }
