@@ -420,7 +420,13 @@ fn server_url(var: &str, what: &str) -> Option<String> {
                 std::env::var_os("CI").is_none(),
                 "CI must run the CLI against {what}: {var} is not set"
             );
-            eprintln!("NOT RUN: the CLI on {what} needs {var} (`.ci/start-databases` starts a server and prints it)");
+            // Past the test harness's capture (which keeps `eprintln!` of a test that
+            // passed): a newcomer sees what did not run.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "NOT RUN: the CLI on {what} needs {var} (`.ci/start-databases` starts a server and prints it)"
+            );
             None
         }
     }
