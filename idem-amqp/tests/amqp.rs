@@ -542,6 +542,58 @@ async fn relays_behind_a_transaction_pooler_share_an_outbox() {
     relays_share_an_outbox(&url, pool, "pgbouncer", 3).await;
 }
 
+/// Relay rounds and outbox reads dropped at every point of their round trips (a relay
+/// stopped by `run_until` mid-round, a read that timed out) leave no connection of the
+/// pool inside a transaction: on a pool the relay shares with the application, the next
+/// borrower of that connection is the application's own code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_rounds_cut_mid_round_trip_leave_the_connection_usable() {
+    let Some(url) = amqp_url() else { return };
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    // One connection: every statement after a cut one runs on it.
+    let pool = idem::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database)
+        .await
+        .unwrap();
+    let outbox = Outbox::<idem::sqlx::Postgres>::named(&format!("outbox_cut_{}", std::process::id())).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let relay = Relay::new(pool.clone(), outbox.clone(), url.as_str());
+    let mut session = relay.connect().await.unwrap();
+    let mut cut = 0;
+    for round in 0..600u64 {
+        // Dropped after its first step, or at the timer's next tick (up to 1 ms): before,
+        // during or after the BEGIN, a statement or the COMMIT.
+        let after = Duration::from_micros(round * 11 % 500);
+        if tokio::time::timeout(after, relay.round(&mut session)).await.is_err() {
+            cut += 1;
+        }
+        if tokio::time::timeout(after, outbox.counts(&pool)).await.is_err() {
+            cut += 1;
+        }
+        if tokio::time::timeout(after, outbox.purge_sent(&pool, Duration::from_secs(3600), 10))
+            .await
+            .is_err()
+        {
+            cut += 1;
+        }
+        // Outside any transaction of its own: inside one only if a cut BEGIN left it.
+        // (A simple query: one message, so that both instants are its receipt.)
+        let row = idem::sqlx::raw_sql("SELECT now() = statement_timestamp()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let fresh: bool = idem::sqlx::Row::get(&row, 0);
+        assert!(
+            fresh,
+            "round {round}: the pooled connection was left inside a transaction"
+        );
+    }
+    assert!(cut > 100, "the rounds were cut mid-way ({cut} times)");
+}
+
 /// Unroutable rows between routable ones, in batches the broker acknowledges several
 /// messages at a time: every unroutable row, and no other, is parked (a return is
 /// matched to its row by the message id, not by the confirm the client handed it to).

@@ -159,10 +159,7 @@ macro_rules! outbox_database {
             const LOCKS_ROWS: bool = $locks;
 
             async fn begin_claim(pool: &sqlx::Pool<Self>) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
-                match $statements.before_claim {
-                    Some(begin) => pool.begin_with(begin).await,
-                    None => pool.begin().await,
-                }
+                crate::begin::begin(pool, $statements.before_claim).await
             }
 
             async fn create(connection: &mut Self::Connection, table: &str) -> Result<(), sqlx::Error> {

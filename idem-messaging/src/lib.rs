@@ -27,7 +27,7 @@
 //!
 //! Dependencies: `idem-runtime` (its error is what the table reads), `tracing` (a
 //! message that failed for good is logged), `futures-util` (a handler's panic caught as
-//! a failed run), `tokio` (pauses between sessions and rounds), `sqlx` (by feature: the
+//! a failed run), `tokio` (pauses between sessions and rounds; a transaction's `BEGIN` finished in a task of its own), `sqlx` (by feature: the
 //! outbox table), `async-trait` (the outbox's per-database statements behind one
 //! trait), `serde`/`serde_json` (outbox messages), `thiserror` (errors).
 
@@ -35,6 +35,8 @@
 
 mod attempts;
 mod backoff;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod begin;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod dialect;
 mod disposition;

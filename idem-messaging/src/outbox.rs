@@ -1,5 +1,5 @@
 //! The outbox table: messages written in the business transaction, published later by
-//! the the relay.
+//! the relay.
 
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use sqlx::{Database, Pool};
 
+use crate::begin::begin;
 use crate::dialect::OutboxDatabase;
 
 /// The outbox table's default name.
@@ -197,14 +198,14 @@ impl<DB: OutboxDatabase> Outbox<DB> {
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
         // Each of these statements in a transaction of its own: one server connection
         // for the whole statement behind a pooler in transaction mode.
-        let mut transaction = pool.begin().await?;
+        let mut transaction = begin(pool, None).await?;
         let purged = DB::purge_sent(&mut transaction, &self.table, micros, limit).await?;
         transaction.commit().await.map(|()| purged)
     }
 
     /// How many rows wait to be published, were published, are parked.
     pub async fn counts(&self, pool: &Pool<DB>) -> Result<OutboxCounts, sqlx::Error> {
-        let mut transaction = pool.begin().await?;
+        let mut transaction = begin(pool, None).await?;
         let [pending, sent, retrying, dead] = DB::counts(&mut transaction, &self.table).await?;
         transaction.commit().await?;
         Ok(OutboxCounts {
@@ -218,7 +219,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// The rows the relay parked, the oldest first, at most `limit`.
     pub async fn dead(&self, pool: &Pool<DB>, limit: u64) -> Result<Vec<DeadRow>, sqlx::Error> {
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-        let mut transaction = pool.begin().await?;
+        let mut transaction = begin(pool, None).await?;
         let dead = DB::dead(&mut transaction, &self.table, limit).await?;
         transaction.commit().await.map(|()| dead)
     }
@@ -227,7 +228,7 @@ impl<DB: OutboxDatabase> Outbox<DB> {
     /// or every parked row when `None`. How many. Fix what made them fail first (declare
     /// the exchange, bind a queue): they are published at the relay's next round.
     pub async fn retry_dead(&self, pool: &Pool<DB>, id: Option<i64>) -> Result<u64, sqlx::Error> {
-        let mut transaction = pool.begin().await?;
+        let mut transaction = begin(pool, None).await?;
         let revived = DB::revive(&mut transaction, &self.table, id).await?;
         transaction.commit().await.map(|()| revived)
     }
