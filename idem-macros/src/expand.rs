@@ -78,9 +78,14 @@ pub fn expand(args: Args, item: IdempotentFn) -> TokenStream {
     let after_expiry = args
         .gone_for
         .map(|Millis(ms, _)| quote!(.after_expiry(#private::AfterExpiry::Gone(#private::Duration::from_millis(#ms)))));
-    let subject = args
-        .subject
-        .map(|subject| quote_spanned!(subject.span()=> let __idem_op = __idem_op.subject(&(#subject));));
+    let subject = args.subject.map(|subject| {
+        // Borrowed so that a field is not moved out of its request; a subject that is
+        // a reference already makes that borrow one clippy would flag in user code.
+        quote_spanned!(subject.span()=>
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            let __idem_op = __idem_op.subject(&(#subject));
+        )
+    });
     let on_error = args
         .on_error
         .map(|variant| quote!(.on_error(#private::OnError::#variant)));

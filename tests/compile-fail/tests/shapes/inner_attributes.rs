@@ -22,7 +22,7 @@ async fn with_inner_attribute(id: u32) -> Result<u32, AppError> {
     Ok(id)
 }
 
-fn main() {
+pub fn main() {
     let _ = one_line(1);
     let _ = with_inner_attribute(2);
 }

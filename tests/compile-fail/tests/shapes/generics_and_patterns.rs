@@ -22,4 +22,4 @@ async fn tuple_struct(store: &idem::MemoryStore, req: Req) -> Result<u64, idem::
 
 struct Req(String, u64);
 
-fn main() {}
+pub fn main() {}

@@ -64,4 +64,4 @@ async fn one_time(id: u32) -> Result<u32, idem::Error> {
     Ok(id)
 }
 
-fn main() {}
+pub fn main() {}
