@@ -411,27 +411,6 @@ fn on_sql(url: &str, table: &str, fill_sql: &str) {
     );
 }
 
-/// The server URL in `var`, or `None` (and a line saying so) outside CI.
-fn server_url(var: &str, what: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) => Some(url),
-        Err(_) => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI must run the CLI against {what}: {var} is not set"
-            );
-            // Past the test harness's capture (which keeps `eprintln!` of a test that
-            // passed): a newcomer sees what did not run.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "NOT RUN: the CLI on {what} needs {var} (`.ci/start-databases` starts a server and prints it)"
-            );
-            None
-        }
-    }
-}
-
 #[test]
 fn on_sqlite() {
     let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli")));
@@ -449,7 +428,7 @@ fn on_sqlite() {
 
 #[test]
 fn on_postgres() {
-    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     let stamp = "'2020-01-01 00:00:00+00'";
@@ -468,7 +447,7 @@ fn on_postgres() {
 /// command refuses before it reads or changes anything, and says why.
 #[test]
 fn a_standby_is_refused() {
-    let Some(url) = server_url("IDEM_TEST_PATRONI_REPLICA_URL", "a Patroni cluster's replica port") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_PATRONI_REPLICA_URL", "Patroni replica") else {
         return;
     };
     for args in [&["stats"][..], &["purge", "--expired"][..]] {
@@ -484,7 +463,7 @@ fn a_standby_is_refused() {
 
 #[test]
 fn on_mariadb() {
-    let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
         return;
     };
     let stamp = "'2020-01-01 00:00:00'";
@@ -501,7 +480,7 @@ fn on_mariadb() {
 
 #[test]
 fn on_redis() {
-    let Some(url) = server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_REDIS_URL", "Redis") else {
         return;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -995,7 +974,7 @@ fn rekey_reseals_100000_records_on_sqlite() {
 
 #[test]
 fn rekey_reseals_100000_records_on_postgres() {
-    let Some(url) = server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     let table = unique("idem_rekey");
@@ -1005,7 +984,7 @@ fn rekey_reseals_100000_records_on_postgres() {
 
 #[test]
 fn rekey_reseals_100000_records_on_mariadb() {
-    let Some(url) = server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_MYSQL_URL", "MariaDB") else {
         return;
     };
     let table = unique("idem_rekey");
@@ -1016,7 +995,7 @@ fn rekey_reseals_100000_records_on_mariadb() {
 /// On a Redis database of its own (the walk covers every record in it).
 #[test]
 fn rekey_reseals_100000_records_on_redis() {
-    let Some(url) = server_url("IDEM_TEST_REDIS_URL", "Redis") else {
+    let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_REDIS_URL", "Redis") else {
         return;
     };
     let url = format!("{}/7", url.rsplit_once('/').map_or(url.as_str(), |(base, _)| base));

@@ -31,12 +31,42 @@ pub fn ci_script(script: &str, args: &[&str]) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// Cargo, run from the repository's root with the environment of the command that ran
+/// the tests: without the variables cargo sets for a test process about its own package
+/// (`CARGO_MANIFEST_DIR`, `CARGO_PKG_VERSION`, …). A build reads those as changed inputs
+/// (a build script that reruns when `CARGO_PKG_NAME` changes, a crate that reads
+/// `CARGO_PKG_VERSION`), so inherited they rebuild those crates in place, and the next
+/// build from outside rebuilds them back.
+fn cargo() -> Command {
+    let mut command = Command::new(env!("CARGO"));
+    command.current_dir(root());
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let per_package = name.starts_with("CARGO_PKG_")
+            || matches!(
+                name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+            );
+        if per_package {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 /// The path of the example `name`, built first as the README's `cargo run --example`
 /// builds it (in `CARGO_TARGET_DIR` when it is set).
 pub fn example_binary(name: &str) -> String {
-    let built = Command::new(env!("CARGO"))
+    let built = cargo()
         .args(["build", "--quiet", "--example", name])
-        .current_dir(root())
         .status()
         .expect("run cargo");
     assert!(built.success(), "the example {name} builds");
@@ -47,9 +77,8 @@ pub fn example_binary(name: &str) -> String {
 /// The path of the `idem` command (crate `idem-cli`), built first (in
 /// `CARGO_TARGET_DIR` when it is set).
 pub fn cli_binary() -> String {
-    let built = Command::new(env!("CARGO"))
+    let built = cargo()
         .args(["build", "--quiet", "-p", "idem-cli", "--bin", "idem"])
-        .current_dir(root())
         .status()
         .expect("run cargo");
     assert!(built.success(), "the idem command builds");
