@@ -34,7 +34,7 @@ async fn pay(store: &Cached, key: &str, amount: u32, runs: &AtomicU32) -> Result
 }
 
 async fn cached_sqlite() -> Cached {
-    let path = std::env::temp_dir().join(format!("idem-cached-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("cached.db");
     let store = SqliteStore::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();

@@ -47,7 +47,7 @@ async fn sqlite(test: &str) -> Arc<dyn IdempotencyStore> {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let path = std::env::temp_dir().join(format!("idem-clock-{test}-{}-{run}.db", std::process::id()));
+    let path = idem_testkit::scratch::path(&format!("clock-{test}-{run}.db"));
     idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
         .await
         .unwrap()

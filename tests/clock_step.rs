@@ -95,11 +95,7 @@ fn stepped(libfaketime: &str, store: &str, lease: Duration, after: Duration) -> 
     // before, and one test's write stepped (or unstepped) the other's worker.
     static WORKERS: AtomicU32 = AtomicU32::new(0);
     let worker_number = WORKERS.fetch_add(1, Ordering::SeqCst);
-    let file = std::env::temp_dir().join(format!(
-        "idem-step-{}-{}-{worker_number}",
-        std::process::id(),
-        harness::epoch_millis()
-    ));
+    let file = idem_testkit::scratch::path(&format!("step-{}-{worker_number}", harness::epoch_millis()));
     harness::set_clock(&file, 0);
     let settings = [
         ("STEP_STORE", store.to_owned()),

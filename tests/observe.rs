@@ -356,7 +356,7 @@ async fn transactional_calls_are_counted_too() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let path = std::env::temp_dir().join(format!("idem-observe-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("observe.db");
     let store = idem::SqliteStore::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();

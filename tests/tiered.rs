@@ -15,7 +15,7 @@ type Tiered = Arc<TieredStore<RedisStore, SqliteStore>>;
 async fn open() -> Option<Tiered> {
     let url = conformance::server_url("IDEM_TEST_REDIS_URL", "Redis")?;
     let front = RedisStore::connect(&url).await.expect("connect to Redis");
-    let path = std::env::temp_dir().join(format!("idem-tiered-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("tiered.db");
     let back = SqliteStore::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap();

@@ -49,7 +49,7 @@ fn chromedriver() -> Option<String> {
 
 /// The example, built as the README's command builds it, listening on `port`.
 fn start_example(port: u16, bank_delay_ms: u64) -> Running {
-    let records = std::env::temp_dir().join(format!("idem-browser-{}.db", std::process::id()));
+    let records = idem_testkit::scratch::path("browser.db");
     let child = Command::new(ci::example_binary("http_payment"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--database-url", &format!("sqlite://{}?mode=rwc", records.display())])

@@ -147,7 +147,7 @@ fn worst_case(url: &str, backend: &str) {
 
 #[test]
 fn the_worst_evening_on_sqlite() {
-    let path = std::env::temp_dir().join(format!("idem-payment-worst-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("payment-worst.db");
     let _ = std::fs::remove_file(&path);
     worst_case(&format!("sqlite://{}?mode=rwc", path.display()), "sqlite");
 }

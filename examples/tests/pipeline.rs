@@ -70,7 +70,7 @@ async fn stored_orders(url: &str) -> BTreeSet<String> {
 
 /// Where the parts' stderr goes (warnings, and why a part could not start).
 fn log_path() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("idem-pipeline-{}.log", std::process::id()))
+    idem_testkit::scratch::path("pipeline.log")
 }
 
 /// One part of the pipeline as its own process, started again after each kill.

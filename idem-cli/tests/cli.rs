@@ -413,7 +413,7 @@ fn on_sql(url: &str, table: &str, fill_sql: &str) {
 
 #[test]
 fn on_sqlite() {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli")));
+    let path = idem_testkit::scratch::path(&format!("{}.db", unique("cli")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     let stamp = "'2020-01-01 00:00:00.000000'";
     on_sql(
@@ -534,7 +534,7 @@ fn on_redis() {
 #[test]
 fn outbox_commands_on_sqlite() {
     use idem_amqp::{Outbox, OutboxMessage};
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-outbox")));
+    let path = idem_testkit::scratch::path(&format!("{}.db", unique("cli-outbox")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -601,7 +601,7 @@ fn outbox_commands_on_sqlite() {
 /// too; a scope that is not whole is a usage error.
 #[test]
 fn show_finds_an_http_record_by_the_clients_key() {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-http")));
+    let path = idem_testkit::scratch::path(&format!("{}.db", unique("cli-http")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let table = "idempotent_record";
@@ -663,7 +663,7 @@ fn show_finds_an_http_record_by_the_clients_key() {
 #[test]
 fn sealed_records_are_read_and_settled_with_the_key_ring() {
     use idem_runtime::seal::{SealKey, SealedStore, StaticKeyRing, SEALED_PREFIX};
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-seal")));
+    let path = idem_testkit::scratch::path(&format!("{}.db", unique("cli-seal")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     let table = "idempotent_record";
     let keys = "k1:AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE";
@@ -744,7 +744,7 @@ fn sealed_records_are_read_and_settled_with_the_key_ring() {
 #[test]
 fn a_subject_is_erased_by_the_command() {
     use idem_runtime::subject::{self, SubjectKey};
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-erase")));
+    let path = idem_testkit::scratch::path(&format!("{}.db", unique("cli-erase")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     let table = "idempotent_record";
     let key_text = "BAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQ=";
@@ -965,7 +965,7 @@ fn rekey_over_100000(url: &str, table: &str, stamp: &str) {
 
 #[test]
 fn rekey_reseals_100000_records_on_sqlite() {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli-rekey")));
+    let path = idem_testkit::scratch::path(&format!("{}.db", unique("cli-rekey")));
     let url = format!("sqlite://{}?mode=rwc", path.display());
     runtime_migrate(&url, "idempotent_record");
     rekey_over_100000(&url, "idempotent_record", "'2020-01-01 00:00:00.000000'");

@@ -25,7 +25,7 @@ async fn start(bank_delay: Duration, record_delay: Duration) -> (tonic::transpor
 
 /// The service of [`start`], and where it listens.
 async fn serve(bank_delay: Duration, record_delay: Duration) -> (std::net::SocketAddr, Arc<Bank>) {
-    let path = std::env::temp_dir().join(format!("idem-grpc-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("grpc.db");
     let store: faulty::Store = idem::sql::open(&format!("sqlite://{}?mode=rwc", path.display()))
         .await
         .unwrap();

@@ -413,7 +413,7 @@ mod tests {
         use idem_runtime::{Claim, ClaimOutcome, FenceCheck, IdempotencyStore};
         use std::time::{Duration, SystemTime};
 
-        let path = std::env::temp_dir().join(format!("idem-park-{}.db", std::process::id()));
+        let path = idem_testkit::scratch::path("park.db");
         let _ = std::fs::remove_file(&path);
         let store = super::SqliteStore::connect(&format!("sqlite://{}?mode=rwc", path.display()))
             .await

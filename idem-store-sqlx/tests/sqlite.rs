@@ -10,7 +10,7 @@ use conformance::calls::Store;
 use idem::SqliteStore;
 
 fn database_url() -> String {
-    let path = std::env::temp_dir().join(format!("idem-test-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("store.db");
     format!("sqlite://{}", path.display())
 }
 
@@ -76,7 +76,7 @@ async fn migrate_is_idempotent_and_table_names_are_checked() {
 /// the store's 10 s busy timeout).
 #[tokio::test]
 async fn a_replay_reads_past_a_writer() {
-    let path = std::env::temp_dir().join(format!("idem-test-writer-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path("writer.db");
     let url = format!("sqlite://{}", path.display());
     let store = SqliteStore::connect(&url).await.expect("open the SQLite file");
     store.migrate().await.expect("migrate");

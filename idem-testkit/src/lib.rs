@@ -69,6 +69,8 @@
 //! - [`mutants`]: broken stores — a correct map store that can carry one of eleven
 //!   bugs, and a real store with short leases — that the kit and the checker are shown
 //!   to fail.
+//! - [`scratch`]: where tests put the SQLite files and logs they make, a folder per
+//!   test process that later processes remove once it has ended.
 //!
 //! With its default features the kit builds on `idem` without a store backend: a store
 //! written in a crate of its own is certified without compiling sqlx or redis.
@@ -91,3 +93,4 @@ pub mod conformance;
 #[cfg_attr(docsrs, doc(cfg(feature = "harness")))]
 pub mod harness;
 pub mod mutants;
+pub mod scratch;

@@ -38,7 +38,7 @@ pub async fn outbox_with(
     name: &str,
     messages: impl IntoIterator<Item = OutboxMessage>,
 ) -> (SqlitePool, Outbox<sqlx::Sqlite>) {
-    let path = std::env::temp_dir().join(format!("idem-nats-{name}-{}.db", std::process::id()));
+    let path = idem_testkit::scratch::path(&format!("{name}.db"));
     let _ = std::fs::remove_file(&path);
     let pool = SqlitePool::connect(&format!("sqlite://{}?mode=rwc", path.display()))
         .await

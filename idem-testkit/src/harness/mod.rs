@@ -322,7 +322,7 @@ pub fn say(line: &str) {
 pub fn backend_url(backend: &str, name: &str) -> Option<String> {
     match backend {
         "sqlite" => {
-            let path = std::env::temp_dir().join(format!("idem-{name}-{}.db", std::process::id()));
+            let path = crate::scratch::path(&format!("{name}.db"));
             Some(format!("sqlite://{}", path.display()))
         }
         "postgres" => crate::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL"),
