@@ -22,7 +22,7 @@ pub trait OutboxDatabase: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const LOCKS_ROWS: bool;
 
-    /// Create the table and its index.
+    /// Create the table and its index, in the transaction `connection` is in.
     #[doc(hidden)]
     async fn create(connection: &mut Self::Connection, table: &str) -> Result<(), sqlx::Error>;
 
@@ -163,15 +163,14 @@ macro_rules! outbox_database {
             }
 
             async fn create(connection: &mut Self::Connection, table: &str) -> Result<(), sqlx::Error> {
-                let mut transaction = sqlx::Connection::begin(&mut *connection).await?;
                 let statements = $statements.lock.iter().chain($statements.create);
                 for statement in statements {
                     sqlx::query(&sql(statement, table))
                         .persistent(false)
-                        .execute(&mut *transaction)
+                        .execute(&mut *connection)
                         .await?;
                 }
-                transaction.commit().await
+                Ok(())
             }
 
             async fn insert(

@@ -166,8 +166,9 @@ impl<DB: OutboxDatabase> Outbox<DB> {
 
     /// Create the table and its index of unsent rows if they do not exist.
     pub async fn migrate(&self, pool: &Pool<DB>) -> Result<(), sqlx::Error> {
-        let mut connection = pool.acquire().await?;
-        DB::create(&mut connection, &self.table).await
+        let mut transaction = begin(pool, None).await?;
+        DB::create(&mut transaction, &self.table).await?;
+        transaction.commit().await
     }
 
     /// Write `message` through `connection` — a transaction's (`&mut *tx`) — and return

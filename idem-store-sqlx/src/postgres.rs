@@ -152,19 +152,26 @@ impl PostgresStore {
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {
-        let failed = |e| driver_error("creating the idempotency table", e);
-        let mut tx = self.parts.pool.begin().await.map_err(failed)?;
-        self.parts
-            .sql
-            .query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(&self.parts.sql.table)
-            .execute(&mut *tx)
-            .await
-            .map_err(failed)?;
-        for statement in statements(&self.migration_sql()) {
-            sqlx::raw_sql(statement).execute(&mut *tx).await.map_err(failed)?;
-        }
-        tx.commit().await.map_err(failed)
+        const CREATING: &str = "creating the idempotency table";
+        let failed = |e| driver_error(CREATING, e);
+        // A migration under a timeout may be dropped during its `BEGIN`: `Lent` closes
+        // the connection then, instead of handing the pool a transaction.
+        let mut lent = crate::pooler::Lent::new(self.parts.pool.acquire().await.map_err(failed)?);
+        let conn = &mut *lent.conn;
+        crate::pooler::within!(false, CREATING, Some(&mut lent.settled), conn => async {
+            self.parts
+                .sql
+                .query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                .bind(&self.parts.sql.table)
+                .execute(&mut *conn)
+                .await
+                .map_err(failed)?;
+            for statement in statements(&self.migration_sql()) {
+                sqlx::raw_sql(statement).execute(&mut *conn).await.map_err(failed)?;
+            }
+            Ok(())
+        })
+        .await
     }
 }
 

@@ -304,30 +304,35 @@ macro_rules! impl_record_pages {
             ) -> Result<u64, idem_runtime::StoreError> {
                 let failed = |e| crate::error::driver_error("replace_values", e);
                 let replace = || async {
-                    let mut tx = self.parts.pool.begin().await.map_err(failed)?;
-                    let mut replaced = 0;
-                    for idem_runtime::pages::Rewrite { read, with } in rewrites {
-                        let done = self.parts.sql.query(&self.parts.sql.replace_values)
-                            .bind(with.request_body.as_deref())
-                            .bind(with.response_body.as_deref())
-                            .bind(with.error_message.as_deref())
-                            .bind(with.steps.as_deref())
-                            .bind(read.biz.as_str())
-                            .bind(read.key.as_str())
-                            .bind(i64::try_from(read.fence).unwrap_or(i64::MAX))
-                            .bind(Self::stamp(read.created_at))
-                            .bind(read.status.as_str())
-                            .bind(read.request_body.as_deref())
-                            .bind(read.response_body.as_deref())
-                            .bind(read.error_message.as_deref())
-                            .bind(read.steps.as_deref())
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(failed)?;
-                        replaced += <Self as crate::dialect::Dialect>::rows_changed(&done);
-                    }
-                    tx.commit().await.map_err(failed)?;
-                    Ok(replaced)
+                    // Dropped during its `BEGIN`, the call closes the connection
+                    // (`Lent`) instead of handing the pool a transaction.
+                    let mut lent = crate::pooler::Lent::new(self.parts.pool.acquire().await.map_err(failed)?);
+                    let conn = &mut *lent.conn;
+                    crate::pooler::within!(false, "replace_values", Some(&mut lent.settled), conn => async {
+                        let mut replaced = 0;
+                        for idem_runtime::pages::Rewrite { read, with } in rewrites {
+                            let done = self.parts.sql.query(&self.parts.sql.replace_values)
+                                .bind(with.request_body.as_deref())
+                                .bind(with.response_body.as_deref())
+                                .bind(with.error_message.as_deref())
+                                .bind(with.steps.as_deref())
+                                .bind(read.biz.as_str())
+                                .bind(read.key.as_str())
+                                .bind(i64::try_from(read.fence).unwrap_or(i64::MAX))
+                                .bind(Self::stamp(read.created_at))
+                                .bind(read.status.as_str())
+                                .bind(read.request_body.as_deref())
+                                .bind(read.response_body.as_deref())
+                                .bind(read.error_message.as_deref())
+                                .bind(read.steps.as_deref())
+                                .execute(&mut *conn)
+                                .await
+                                .map_err(failed)?;
+                            replaced += <Self as crate::dialect::Dialect>::rows_changed(&done);
+                        }
+                        Ok(replaced)
+                    })
+                    .await
                 };
                 crate::rollback::retrying(replace).await
             }
