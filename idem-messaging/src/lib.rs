@@ -27,9 +27,10 @@
 //!
 //! Dependencies: `idem-runtime` (its error is what the table reads), `tracing` (a
 //! message that failed for good is logged), `futures-util` (a handler's panic caught as
-//! a failed run), `tokio` (pauses between sessions and rounds; a transaction's `BEGIN` finished in a task of its own), `sqlx` (by feature: the
-//! outbox table), `async-trait` (the outbox's per-database statements behind one
-//! trait), `serde`/`serde_json` (outbox messages), `thiserror` (errors).
+//! a failed run), `tokio` (pauses between sessions and rounds; a transaction's `BEGIN`
+//! finished in a task of its own), `sqlx` (by feature: the outbox table), `async-trait`
+//! (the outbox's per-database statements behind one trait), `serde`/`serde_json`
+//! (outbox messages), `thiserror` (errors).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -65,23 +65,28 @@ fn cargo() -> Command {
 /// The path of the example `name`, built first as the README's `cargo run --example`
 /// builds it (in `CARGO_TARGET_DIR` when it is set).
 pub fn example_binary(name: &str) -> String {
-    let built = cargo()
-        .args(["build", "--quiet", "--example", name])
-        .status()
-        .expect("run cargo");
-    assert!(built.success(), "the example {name} builds");
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", root().display()));
-    format!("{target}/debug/examples/{name}")
+    built(
+        &["--example", name],
+        &format!("examples/{name}"),
+        &format!("the example {name}"),
+    )
 }
 
 /// The path of the `idem` command (crate `idem-cli`), built first (in
 /// `CARGO_TARGET_DIR` when it is set).
 pub fn cli_binary() -> String {
-    let built = cargo()
-        .args(["build", "--quiet", "-p", "idem-cli", "--bin", "idem"])
+    built(&["-p", "idem-cli", "--bin", "idem"], "idem", "the idem command")
+}
+
+/// `cargo build --quiet` with `what` to build, and the path of the binary it made at
+/// `path` under the debug build folder; `named` says it in the failure.
+fn built(what: &[&str], path: &str, named: &str) -> String {
+    let status = cargo()
+        .args(["build", "--quiet"])
+        .args(what)
         .status()
         .expect("run cargo");
-    assert!(built.success(), "the idem command builds");
+    assert!(status.success(), "{named} builds");
     let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| format!("{}/target", root().display()));
-    format!("{target}/debug/idem")
+    format!("{target}/debug/{path}")
 }
