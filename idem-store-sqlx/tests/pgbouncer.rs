@@ -312,15 +312,10 @@ async fn a_read_only_server_is_refused_before_any_body_runs() {
     assert!(chain.contains("reached a read-only server"), "{chain}");
 }
 
-/// Operations dropped at every point of their round trips (a waiter that gave up, a
-/// heartbeat outrun by the body's end, a migration under a timeout) leave no connection
-/// of the store's pool inside a transaction: the next operation on that one connection
-/// works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
-    let Some(url) = pooled_url() else { return };
-    let (pooler, url) = idem::sql::Pooler::from_url(&url).unwrap();
-    // One connection: every operation after a cancelled one runs on it.
+/// A store behind the pooler on the table `table`, migrated, whose pool holds one
+/// connection: every operation after a cancelled one runs on that connection.
+async fn on_one_connection(table: &str) -> Option<PostgresStore> {
+    let (pooler, url) = idem::sql::Pooler::from_url(&pooled_url()?).unwrap();
     let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -329,9 +324,38 @@ async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
         .unwrap();
     let store = PostgresStore::new(pool)
         .with_pooler(pooler)
-        .with_table_name("idem_pooled_cancelled")
+        .with_table_name(table)
         .unwrap();
     store.migrate().await.unwrap();
+    Some(store)
+}
+
+/// Fails round `round` when the store's one connection is inside a transaction (as a
+/// cancelled `BEGIN` handed back to the pool leaves it) or the next read on it fails.
+async fn assert_outside_any_transaction(store: &PostgresStore, round: u64, key: &str) {
+    let row = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let fresh: bool = sqlx::Row::get(&row, 0);
+    assert!(
+        fresh,
+        "round {round}: the pooled connection was left inside a transaction"
+    );
+    store
+        .get("pooled.cancelled", key)
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: the operation after a cancelled one failed: {e:#}"));
+}
+
+/// Operations dropped at every point of their round trips (a waiter that gave up, a
+/// heartbeat outrun by the body's end) leave no connection of the store's pool inside a
+/// transaction: the next operation on that one connection works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
+    let Some(store) = on_one_connection("idem_pooled_cancelled").await else {
+        return;
+    };
     let op = Idempotent::new("pooled.cancelled").store(Arc::new(store.clone()));
     let mut cancelled = 0;
     for round in 0..400u64 {
@@ -349,27 +373,38 @@ async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
         {
             cancelled += 1;
         }
-        // A migration under a timeout (run again: its statements change nothing).
-        if tokio::time::timeout(after, store.migrate()).await.is_err() {
-            cancelled += 1;
-        }
-        // Outside any transaction of its own: inside one only if a cancelled BEGIN left it.
-        let row = sqlx::raw_sql("SELECT now() = statement_timestamp()")
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-        let fresh: bool = sqlx::Row::get(&row, 0);
-        assert!(
-            fresh,
-            "round {round}: the pooled connection was left inside a transaction"
-        );
-        store
-            .get("pooled.cancelled", &key)
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: the operation after a cancelled one failed: {e:#}"));
+        assert_outside_any_transaction(&store, round, &key).await;
     }
     assert!(
         cancelled > 100,
         "the operations were cancelled mid-way ({cancelled} times)"
+    );
+}
+
+/// A migration under a timeout (a start-up that gave up), dropped at every point of its
+/// round trips, leaves no connection of the store's pool inside a transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_cancelled_mid_round_trip_leave_the_connection_usable() {
+    let Some(store) = on_one_connection("idem_pooled_migrated").await else {
+        return;
+    };
+    // The cuts spread over one migration's time (its statements change nothing now).
+    let started = Instant::now();
+    for _ in 0..5 {
+        store.migrate().await.unwrap();
+    }
+    let took = started.elapsed() / 5;
+    let mut cancelled = 0;
+    for round in 0..400u64 {
+        let after = took * u32::try_from(round * 37 % 100).unwrap() / 100;
+        if tokio::time::timeout(after, store.migrate()).await.is_err() {
+            cancelled += 1;
+        }
+        assert_outside_any_transaction(&store, round, "k").await;
+    }
+    println!("one migration took {took:?}; {cancelled} of 400 were cut");
+    assert!(
+        cancelled > 100,
+        "the migrations were cancelled mid-way ({cancelled} times)"
     );
 }
