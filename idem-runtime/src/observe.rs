@@ -93,6 +93,22 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order of the enum (an outcome's index is its discriminant).
+    #[cfg(feature = "metrics")]
+    const ALL: [Outcome; 11] = [
+        Outcome::Executed,
+        Outcome::Failed,
+        Outcome::Replayed,
+        Outcome::Rejected,
+        Outcome::InProgress,
+        Outcome::PayloadMismatch,
+        Outcome::PreviousFailed,
+        Outcome::Gone,
+        Outcome::Unknown,
+        Outcome::StoreError,
+        Outcome::Invalid,
+    ];
+
     pub(crate) fn label(self) -> &'static str {
         match self {
             Outcome::Executed => "executed",
@@ -142,6 +158,94 @@ fn recording() -> bool {
     metrics::with_recorder(|recorder| std::mem::size_of_val(recorder) != 0)
 }
 
+/// The metric keys of a call's common turns, built once per thread and business
+/// namespace instead of on every call (a key's labels are an allocation, and its hash is
+/// computed as it is built). Keys, not the recorder's handles: a thread's local recorder
+/// can change between calls, and each registers the key with the recorder of the moment.
+#[cfg(feature = "metrics")]
+mod keys {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use metrics::{Key, Label, Metadata};
+
+    use super::{Biz, Outcome};
+
+    /// What the `metrics` macros would say of these metrics: their target and level.
+    pub(super) static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+    /// How many namespaces a thread keeps keys for; past that, the oldest goes.
+    const KEPT: usize = 16;
+
+    /// The keys of one business namespace.
+    pub(super) struct Keys {
+        biz: Biz,
+        pub(super) calls: [Key; Outcome::ALL.len()],
+        pub(super) claim_seconds: Key,
+        pub(super) body_seconds: Key,
+        pub(super) waits: Key,
+        pub(super) takeovers: Key,
+        pub(super) lease_lost: Key,
+    }
+
+    impl Keys {
+        fn of(biz: &Biz) -> Self {
+            let labelled = |name: &'static str| Key::from_parts(name, vec![Label::new("biz", biz.clone())]);
+            Keys {
+                biz: biz.clone(),
+                calls: Outcome::ALL.map(|outcome| {
+                    Key::from_parts(
+                        "idem_calls_total",
+                        vec![Label::new("biz", biz.clone()), Label::new("outcome", outcome.label())],
+                    )
+                }),
+                claim_seconds: labelled("idem_claim_seconds"),
+                body_seconds: labelled("idem_body_seconds"),
+                waits: labelled("idem_waits_total"),
+                takeovers: labelled("idem_takeovers_total"),
+                lease_lost: labelled("idem_lease_lost_total"),
+            }
+        }
+    }
+
+    thread_local! {
+        static KEPT_KEYS: RefCell<Vec<Rc<Keys>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// The keys of `biz`, from this thread's cache or built now.
+    pub(super) fn of(biz: &Biz) -> Rc<Keys> {
+        KEPT_KEYS.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            if let Some(keys) = kept.iter().find(|keys| keys.biz == *biz) {
+                return keys.clone();
+            }
+            if kept.len() == KEPT {
+                kept.remove(0);
+            }
+            let keys = Rc::new(Keys::of(biz));
+            kept.push(keys.clone());
+            keys
+        })
+    }
+}
+
+/// Add one to the counter `key`, with the recorder of the moment.
+#[cfg(feature = "metrics")]
+fn count(key: &metrics::Key) {
+    metrics::with_recorder(|recorder| recorder.register_counter(key, &keys::METADATA).increment(1));
+}
+
+/// Record `value` in the histogram `key`, with the recorder of the moment.
+#[cfg(feature = "metrics")]
+fn record(key: &metrics::Key, value: Duration) {
+    metrics::with_recorder(|recorder| {
+        recorder
+            .register_histogram(key, &keys::METADATA)
+            .record(value.as_secs_f64())
+    });
+}
+
 /// The key is held, with `fence`; `took_over` when the claim took a record over.
 pub(crate) fn claimed(biz: &Biz, fence: u64, took_over: bool, claiming: Duration) {
     tracing::Span::current().record("fence", fence);
@@ -152,7 +256,7 @@ pub(crate) fn claimed(biz: &Biz, fence: u64, took_over: bool, claiming: Duration
         );
         #[cfg(feature = "metrics")]
         if recording() {
-            metrics::counter!("idem_takeovers_total", "biz" => biz.clone()).increment(1);
+            count(&keys::of(biz).takeovers);
         }
     } else {
         tracing::debug!(target: "idem", biz = &**biz, fence, "idem: claimed");
@@ -164,7 +268,7 @@ pub(crate) fn claimed(biz: &Biz, fence: u64, took_over: bool, claiming: Duration
 pub(crate) fn claim_time(biz: &Biz, claiming: Duration) {
     #[cfg(feature = "metrics")]
     if recording() {
-        metrics::histogram!("idem_claim_seconds", "biz" => biz.clone()).record(claiming.as_secs_f64());
+        record(&keys::of(biz).claim_seconds, claiming);
     }
     let _ = (biz, claiming);
 }
@@ -174,7 +278,7 @@ pub(crate) fn waiting(biz: &Biz) {
     tracing::debug!(target: "idem", biz = &**biz, "idem: waiting for the running call");
     #[cfg(feature = "metrics")]
     if recording() {
-        metrics::counter!("idem_waits_total", "biz" => biz.clone()).increment(1);
+        count(&keys::of(biz).waits);
     }
 }
 
@@ -192,9 +296,10 @@ pub(crate) fn finished(biz: &Biz, outcome: Outcome, body: Option<Duration>) {
     }
     #[cfg(feature = "metrics")]
     if recording() {
-        metrics::counter!("idem_calls_total", "biz" => biz.clone(), "outcome" => label).increment(1);
+        let keys = keys::of(biz);
+        count(&keys.calls[outcome as usize]);
         if let Some(body) = body {
-            metrics::histogram!("idem_body_seconds", "biz" => biz.clone()).record(body.as_secs_f64());
+            record(&keys.body_seconds, body);
         }
     }
     let _ = body;
@@ -213,7 +318,7 @@ pub(crate) fn store_failed(biz: &Biz, operation: &'static str) {
 pub(crate) fn lease_lost(biz: &Biz) {
     #[cfg(feature = "metrics")]
     if recording() {
-        metrics::counter!("idem_lease_lost_total", "biz" => biz.clone()).increment(1);
+        count(&keys::of(biz).lease_lost);
     }
     let _ = biz;
 }
@@ -244,4 +349,17 @@ pub(crate) fn reconciled(biz: &str, found: &'static str) {
 /// fails or is dropped.
 pub fn waited_keys() -> usize {
     crate::call::open_flights()
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::Outcome;
+
+    /// The key of an outcome's count is found at its discriminant.
+    #[test]
+    fn every_outcome_is_at_its_own_index() {
+        for (index, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome as usize, index, "{outcome:?}");
+        }
+    }
 }
