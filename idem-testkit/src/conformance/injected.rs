@@ -122,7 +122,10 @@ async fn until_status(store: &Store, biz: &str, key: &str, status: Status) {
 /// dropped meanwhile: the outcome is still recorded, and nothing runs twice.
 pub async fn outcome_is_recorded_after_the_caller_is_dropped(store: &Store) {
     let faulty = FaultyStore::new(store);
+    // Three failed writes, then one that takes seconds: the duplicate below is
+    // answered while the outcome is still unrecorded, however slow this machine is.
     faulty.inject(Op::Complete, Fault::Fail, 3);
+    faulty.inject(Op::Complete, Fault::Delay(Duration::from_secs(3)), 1);
     let shared = faulty.shared();
     let (key, runs) = (unique("dropped"), Runs::default());
     let dropped = tokio::time::timeout(Duration::from_millis(100), charge(&shared, &key, &runs)).await;
