@@ -1,10 +1,11 @@
 //! A store in process memory.
 
-use std::collections::HashMap;
+use std::hash::RandomState;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use hashbrown::hash_map::EntryRef;
 
 use crate::claim::{Claim, ClaimOutcome, FenceCheck, Lease};
 use crate::clock::{LeaseClock, SteadyClock};
@@ -16,7 +17,14 @@ use crate::store::IdempotencyStore;
 
 /// Records by biz, then by key: two levels, so a lookup borrows the caller's `&str`s
 /// instead of allocating a `(String, String)` to search with.
-type Shelves = HashMap<String, HashMap<String, Box<Record>>>;
+type Shelves = Map<Map<Box<Record>>>;
+
+/// A map by name, hashed with std's keyed SipHash (keys are callers' request ids, which
+/// must not be able to pick colliding keys). `hashbrown`'s, for [`entry_ref`]: a claim
+/// of a new key hashes it once and copies it only to insert it.
+///
+/// [`entry_ref`]: hashbrown::HashMap::entry_ref
+type Map<V> = hashbrown::HashMap<String, V, RandomState>;
 
 /// The fewest claims between two sweeps of expired records.
 const SWEEP_EVERY: usize = 1024;
@@ -130,21 +138,20 @@ impl IdempotencyStore for MemoryStore {
         };
         let mut guard = self.lock();
         guard.sweep_if_due(claim.now);
-        let shelves = &mut guard.shelves;
-        let shelf = match shelves.get_mut(claim.biz) {
-            Some(shelf) => shelf,
-            None => shelves.entry(claim.biz.to_owned()).or_default(),
-        };
-        let granted = match shelf.get_mut(claim.key) {
-            Some(record) if !claim.admits(record) => return Ok(ClaimOutcome::Existing(Record::clone(record))),
-            Some(record) => {
+        let shelf = guard.shelves.entry_ref(claim.biz).or_default();
+        let granted = match shelf.entry_ref(claim.key) {
+            EntryRef::Occupied(mut held) => {
+                let record = held.get_mut();
+                if !claim.admits(record) {
+                    return Ok(ClaimOutcome::Existing(Record::clone(record)));
+                }
                 **record = claim.granted(Some(record));
                 Lease::of(record)
             }
-            None => {
+            EntryRef::Vacant(free) => {
                 let granted = claim.granted(None);
                 let lease = Lease::of(&granted);
-                shelf.insert(claim.key.to_owned(), Box::new(granted));
+                free.insert(Box::new(granted));
                 lease
             }
         };
@@ -242,7 +249,7 @@ impl IdempotencyStore for MemoryStore {
         shelves.retain(|_, shelf| !shelf.is_empty());
         let strippable = shelves
             .values_mut()
-            .flat_map(HashMap::values_mut)
+            .flat_map(Map::values_mut)
             .filter(|record| record.strippable(now));
         for record in strippable.take(usize::try_from(limit).unwrap_or(usize::MAX)) {
             record.strip(Tombstone::Expired);
@@ -253,7 +260,7 @@ impl IdempotencyStore for MemoryStore {
     async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
         let mut guard = self.lock();
         let mut erased = 0;
-        for record in guard.shelves.values_mut().flat_map(HashMap::values_mut) {
+        for record in guard.shelves.values_mut().flat_map(Map::values_mut) {
             if record.erasable(subject) {
                 record.strip(Tombstone::Erased);
                 erased += 1;
@@ -272,7 +279,7 @@ impl RecordPages for MemoryStore {
         let mut records: Vec<&Record> = guard
             .shelves
             .values()
-            .flat_map(HashMap::values)
+            .flat_map(Map::values)
             .map(|record| &**record)
             .filter(|r| after.is_none_or(|(biz, key)| (r.biz.as_str(), r.key.as_str()) > (biz, key)))
             .collect();
@@ -302,7 +309,7 @@ impl RecordPages for MemoryStore {
 }
 
 fn count(shelves: &Shelves) -> usize {
-    shelves.values().map(HashMap::len).sum()
+    shelves.values().map(Map::len).sum()
 }
 
 impl Shelf {

@@ -69,6 +69,8 @@ pub struct Idempotent {
     pub(crate) after_expiry: AfterExpiry,
     /// The first option given an out-of-range value (reported at execute).
     pub(crate) invalid: Option<(&'static str, String)>,
+    /// Why `biz` cannot name an operation (reported at execute), found once.
+    pub(crate) biz_problem: Option<String>,
     store: Option<Arc<dyn IdempotencyStore>>,
 }
 
@@ -97,8 +99,10 @@ impl Idempotent {
     /// tolerance](Self::clock_tolerance)), `on_error = Release`, no `wait`, no payload
     /// (and none kept), the installed store.
     pub fn new(biz: impl Into<Cow<'static, str>>) -> Self {
+        let biz = biz.into();
         Self {
-            biz: biz.into(),
+            biz_problem: crate::key::operation_biz_problem(&biz),
+            biz,
             ttl: DEFAULT_TTL,
             mode: Mode::ReturnFirst,
             lease: DEFAULT_LEASE,

@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use crate::context::{inside, Context};
 use crate::error::{Error, StoreError};
-use crate::key::{key_problem, operation_biz_problem};
+use crate::key::key_problem;
 use crate::observe::{self, Outcome};
 use crate::operation::Idempotent;
 use crate::step::StepLog;
@@ -229,10 +229,10 @@ pub(crate) fn check_input<'o>(op: &'o Idempotent, key: &str) -> Result<Option<&'
             reason: reason.clone(),
         });
     }
-    if let Some(reason) = operation_biz_problem(&op.biz) {
+    if let Some(reason) = &op.biz_problem {
         return Err(Error::InvalidBiz {
             biz: op.biz.to_string(),
-            reason,
+            reason: reason.clone(),
         });
     }
     if let Some(reason) = key_problem(key) {
