@@ -44,6 +44,27 @@ pub fn unique(name: &str) -> String {
 /// An error and every cause under it, `: `-joined, as an error reporter prints them.
 pub use idem::error_chain as chain;
 
+/// Drive `call` until `begun` answers true (asked every 5 ms, for at most 20 s), then drop
+/// it mid-way, as a caller that gives up does. However loaded the machine, the call is
+/// dropped past that point and before it ends (it must not end first).
+pub async fn dropped_once<T, Asked>(call: impl std::future::Future<Output = T>, mut begun: impl FnMut() -> Asked)
+where
+    Asked: std::future::Future<Output = bool>,
+{
+    let watch = async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while !begun().await {
+            assert!(std::time::Instant::now() < deadline, "the call never got that far");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    };
+    tokio::select! {
+        biased;
+        () = watch => {}
+        _ = call => panic!("the call ended before it was to be dropped"),
+    }
+}
+
 /// The fence a record's life began with: its `created_at` in microseconds.
 pub fn first_fence(record: &idem::Record) -> u64 {
     record.created_at.duration_since(UNIX_EPOCH).unwrap().as_micros() as u64
