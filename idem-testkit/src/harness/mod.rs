@@ -208,12 +208,27 @@ const CREATE_RUNS: &str = "CREATE TABLE IF NOT EXISTS chaos_effect (run_id VARCH
      k VARCHAR(255) NOT NULL, token VARCHAR(255) NOT NULL, fence BIGINT NOT NULL, process VARCHAR(64) NOT NULL)";
 
 /// The store at `url`: Redis for `redis://`, else the SQL store of the URL's kind
-/// (its table migrated).
+/// (its table migrated). A server that refuses the first connections (a cluster node
+/// whose listener is flooded by a storm's processes all starting at once) is tried
+/// again for up to 10 s; then its last error fails the process.
 pub async fn open_store(url: &str) -> std::sync::Arc<dyn idem::IdempotencyStore> {
-    if url.starts_with("redis") {
-        std::sync::Arc::new(idem::RedisStore::connect(url).await.expect("connect to Redis"))
-    } else {
-        idem::sql::open(url).await.expect("open the store")
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let opened = if url.starts_with("redis") {
+            idem::RedisStore::connect(url)
+                .await
+                .map(|store| std::sync::Arc::new(store) as std::sync::Arc<dyn idem::IdempotencyStore>)
+        } else {
+            idem::sql::open(url).await
+        };
+        match opened {
+            Ok(store) => return store,
+            Err(error) if std::time::Instant::now() < deadline => {
+                eprintln!("opening the store failed, trying again: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("open the store: {error:?}"),
+        }
     }
 }
 
