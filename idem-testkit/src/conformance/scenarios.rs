@@ -24,6 +24,16 @@ async fn record(store: &Store, biz: &str, key: &str) -> Option<idem::Record> {
     store.get(biz, key).await.expect("the store answers get")
 }
 
+/// Wait (every 5 ms, at most 20 s) until `key` has a record: a call started in the
+/// background has claimed it, however loaded the machine.
+async fn until_claimed(store: &Store, biz: &str, key: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while record(store, biz, key).await.is_none() {
+        assert!(std::time::Instant::now() < deadline, "{key} was never claimed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// The fence the current life of `key` began with (its `created_at` in microseconds);
 /// each takeover within the life adds one.
 async fn life_fence(store: &Store, biz: &str, key: &str) -> u64 {
@@ -131,7 +141,7 @@ pub async fn duplicate_in_progress_gets_in_progress(store: &Store) {
     let first = in_background(store, &key, &runs, |store, key, runs| async move {
         pay(&store, &key, &runs, Duration::from_millis(500)).await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_claimed(store, "conformance.pay", &key).await;
     let error = pay(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
     assert!(matches!(error, Error::InProgress { .. }), "{error:?}");
     assert_eq!(first.await.unwrap().unwrap().charge_no, 1);
@@ -145,7 +155,7 @@ pub async fn wait_returns_the_first_result(store: &Store) {
     let first = in_background(store, &key, &runs, |store, key, runs| async move {
         pay(&store, &key, &runs, Duration::from_millis(400)).await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_claimed(store, "conformance.pay", &key).await;
     let waited = pay_waiting(store, &key, &runs, NO_DELAY).await.unwrap();
     assert_eq!(waited, first.await.unwrap().unwrap());
     assert_eq!(runs.count(), 1);
@@ -359,6 +369,7 @@ pub async fn live_holder_keeps_its_claim_past_one_lease(store: &Store) {
     let first = in_background(store, &key, &runs, |store, key, runs| async move {
         leased(&store, &key, &runs, Duration::from_millis(1000)).await
     });
+    until_claimed(store, "conformance.lease", &key).await;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let error = leased(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
@@ -606,7 +617,7 @@ pub async fn rejected_duplicate_deletes_nothing(store: &Store) {
     let first = in_background(store, &key, &runs, |store, key, runs| async move {
         flaky_wait(&store, &key, &runs).await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_claimed(store, "conformance.flaky", &key).await;
     // A duplicate that fails (InProgress) must not release the first call's claim.
     assert!(flaky_release(store, &key, &runs, true).await.is_err());
     let stored = record(store, "conformance.flaky", &key)
