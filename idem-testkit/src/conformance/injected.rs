@@ -109,13 +109,12 @@ async fn status_of(store: &Store, biz: &str, key: &str) -> Option<Status> {
     store.get(biz, key).await.unwrap().map(|record| record.status)
 }
 
-/// Wait (bounded) until the record of `key` is `status`.
+/// Wait until the record of `key` is `status`.
 async fn until_status(store: &Store, biz: &str, key: &str, status: Status) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while status_of(store, biz, key).await != Some(status) {
-        assert!(Instant::now() < deadline, "{key} never became {status}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    super::until(&format!("{key} becoming {status}"), || async {
+        status_of(store, biz, key).await == Some(status)
+    })
+    .await;
 }
 
 /// The body finished, `complete` fails for a moment, and the caller is
@@ -129,10 +128,10 @@ pub async fn outcome_is_recorded_after_the_caller_is_dropped(store: &Store) {
     let shared = faulty.shared();
     let (key, runs) = (unique("dropped"), Runs::default());
     // The caller gives up once the body ran, while the outcome is being retried.
-    let ran = &runs;
-    super::dropped_once(charge(&shared, &key, &runs), move || {
-        std::future::ready(ran.count() == 1)
-    })
+    super::dropped_once(
+        charge(&shared, &key, &runs),
+        super::until("the body", || std::future::ready(runs.count() == 1)),
+    )
     .await;
     assert_eq!(runs.count(), 1);
     let error = charge(&shared, &key, &runs).await.unwrap_err().idem();

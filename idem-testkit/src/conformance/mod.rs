@@ -44,23 +44,29 @@ pub fn unique(name: &str) -> String {
 /// An error and every cause under it, `: `-joined, as an error reporter prints them.
 pub use idem::error_chain as chain;
 
-/// Drive `call` until `begun` answers true (asked every 5 ms, for at most 20 s), then drop
-/// it mid-way, as a caller that gives up does. However loaded the machine, the call is
-/// dropped past that point and before it ends (it must not end first).
-pub async fn dropped_once<T, Asked>(call: impl std::future::Future<Output = T>, mut begun: impl FnMut() -> Asked)
+/// Wait until `reached` answers true, asked every 5 ms for at most 20 s, however loaded
+/// the machine; panics naming `what` if it never does.
+pub async fn until<Asked>(what: &str, mut reached: impl FnMut() -> Asked)
 where
     Asked: std::future::Future<Output = bool>,
 {
-    let watch = async {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-        while !begun().await {
-            assert!(std::time::Instant::now() < deadline, "the call never got that far");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !reached().await {
+        assert!(std::time::Instant::now() < deadline, "{what} never happened");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Drive `call` until `reached` is done (e.g. [`until`] the call has claimed its key),
+/// then drop it mid-way, as a caller that gives up does. However loaded the machine, the
+/// call is dropped past that point and before it ends (it must not end first).
+pub async fn dropped_once<T>(
+    call: impl std::future::Future<Output = T>,
+    reached: impl std::future::Future<Output = ()>,
+) {
     tokio::select! {
         biased;
-        () = watch => {}
+        () = reached => {}
         _ = call => panic!("the call ended before it was to be dropped"),
     }
 }

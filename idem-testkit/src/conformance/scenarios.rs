@@ -24,14 +24,12 @@ async fn record(store: &Store, biz: &str, key: &str) -> Option<idem::Record> {
     store.get(biz, key).await.expect("the store answers get")
 }
 
-/// Wait (every 5 ms, at most 20 s) until `key` has a record: a call started in the
-/// background has claimed it, however loaded the machine.
+/// Wait until `key` has a record: a call started in the background has claimed it.
 async fn until_claimed(store: &Store, biz: &str, key: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while record(store, biz, key).await.is_none() {
-        assert!(std::time::Instant::now() < deadline, "{key} was never claimed");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    super::until(&format!("the claim of {key}"), || async {
+        record(store, biz, key).await.is_some()
+    })
+    .await;
 }
 
 /// The fence the current life of `key` began with (its `created_at` in microseconds);
@@ -295,10 +293,9 @@ pub async fn cancelled_holder_is_taken_over_after_its_lease(store: &Store) {
     let key = unique("cancel");
     let runs = Runs::default();
     // Dropped once its claim is recorded: its body waits a minute.
-    let claimed = &key;
     super::dropped_once(
         leased(store, &key, &runs, Duration::from_secs(60)),
-        move || async move { record(store, "conformance.lease", claimed).await.is_some() },
+        until_claimed(store, "conformance.lease", &key),
     )
     .await;
     let error = leased(store, &key, &runs, NO_DELAY).await.unwrap_err().idem();
@@ -336,10 +333,10 @@ pub async fn panicking_body_leaves_the_claim_to_its_lease(store: &Store) {
 pub async fn a_claim_is_kept_for_the_clock_tolerance_past_its_lease(store: &Store) {
     let key = unique("tolerance");
     // The holder is dropped mid-body: its heartbeat goes with it.
-    let claimed = &key;
-    super::dropped_once(hanging_with_tolerance(store, &key), move || async move {
-        record(store, "conformance.lease", claimed).await.is_some()
-    })
+    super::dropped_once(
+        hanging_with_tolerance(store, &key),
+        until_claimed(store, "conformance.lease", &key),
+    )
     .await;
     let stored = record(store, "conformance.lease", &key).await.unwrap();
     assert_eq!(stored.status, Status::Processing);
@@ -756,10 +753,12 @@ pub async fn effect_keys_and_fences_follow_the_life_of_a_key(store: &Store) {
     let key = unique("effects");
     let seen = std::sync::Mutex::new(Vec::new());
     // Dropped once its body has begun (and sent its first message).
-    let sent = &seen;
-    super::dropped_once(send_sms(store, &key, &seen, Duration::from_secs(60)), move || {
-        std::future::ready(!sent.lock().unwrap().is_empty())
-    })
+    super::dropped_once(
+        send_sms(store, &key, &seen, Duration::from_secs(60)),
+        super::until("the first message", || {
+            std::future::ready(!seen.lock().unwrap().is_empty())
+        }),
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(400)).await; // its lease lapses
     send_sms(store, &key, &seen, NO_DELAY).await.unwrap();
