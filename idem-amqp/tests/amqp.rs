@@ -583,15 +583,8 @@ async fn relay_rounds_cut_mid_round_trip_leave_the_connection_usable() {
         {
             cut += 1;
         }
-        // Outside any transaction of its own: inside one only if a cut BEGIN left it.
-        // (A simple query: one message, so that both instants are its receipt.)
-        let row = idem::sqlx::raw_sql("SELECT now() = statement_timestamp()")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        let fresh: bool = idem::sqlx::Row::get(&row, 0);
         assert!(
-            fresh,
+            !idem_testkit::harness::lends_inside_a_transaction(&pool).await,
             "round {round}: the pooled connection was left inside a transaction"
         );
     }

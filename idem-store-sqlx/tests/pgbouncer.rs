@@ -333,13 +333,8 @@ async fn on_one_connection(table: &str) -> Option<PostgresStore> {
 /// Fails round `round` when the store's one connection is inside a transaction (as a
 /// cancelled `BEGIN` handed back to the pool leaves it) or the next read on it fails.
 async fn assert_outside_any_transaction(store: &PostgresStore, round: u64, key: &str) {
-    let row = sqlx::raw_sql("SELECT now() = statement_timestamp()")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    let fresh: bool = sqlx::Row::get(&row, 0);
     assert!(
-        fresh,
+        !harness::lends_inside_a_transaction(store.pool()).await,
         "round {round}: the pooled connection was left inside a transaction"
     );
     store
@@ -406,5 +401,61 @@ async fn migrations_cancelled_mid_round_trip_leave_the_connection_usable() {
     assert!(
         cancelled > 100,
         "the migrations were cancelled mid-way ({cancelled} times)"
+    );
+}
+
+/// A page's rewrites (a `rekey` under a timeout) dropped at every point of their round
+/// trips leave no connection of the store's pool inside a transaction, and each rewrite
+/// either lands whole or not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
+    use idem::pages::{RecordPages, Rewrite};
+    let Some(store) = on_one_connection("idem_pooled_rewritten").await else {
+        return;
+    };
+    let op = Idempotent::new("pooled.cancelled").store(Arc::new(store.clone()));
+    const KEYS: [&str; 2] = ["rewritten-a", "rewritten-b"];
+    for key in KEYS {
+        op.execute(key, async { Ok::<_, idem::Error>(0u64) }).await.unwrap();
+    }
+    // The answers the page's records hold now.
+    let answers = || async {
+        let mut answers = Vec::new();
+        for key in KEYS {
+            let record = store.get("pooled.cancelled", key).await.unwrap().unwrap();
+            answers.push(record.response_body);
+        }
+        answers
+    };
+    let mut cancelled = 0;
+    for round in 0..400u64 {
+        let before = answers().await;
+        let mut page = Vec::new();
+        for key in KEYS {
+            let read = store.get("pooled.cancelled", key).await.unwrap().unwrap();
+            let mut with = read.clone();
+            with.response_body = Some(round.to_string());
+            page.push(Rewrite { read, with });
+        }
+        // Cut at its first wait, its second, … its sixteenth (or not at all: it ended
+        // first): before, during or after the BEGIN, a statement or the COMMIT.
+        let waits = usize::try_from(round % 16).unwrap() + 1;
+        if harness::cut_after_waits(store.replace_values(&page), waits)
+            .await
+            .is_none()
+        {
+            cancelled += 1;
+        }
+        assert_outside_any_transaction(&store, round, KEYS[0]).await;
+        let after = answers().await;
+        assert!(
+            after == before || after == [Some(round.to_string()), Some(round.to_string())],
+            "round {round}: the page landed in part: {before:?} became {after:?}"
+        );
+    }
+    println!("{cancelled} of 400 pages were cut");
+    assert!(
+        cancelled > 100,
+        "the rewrites were cancelled mid-way ({cancelled} times)"
     );
 }

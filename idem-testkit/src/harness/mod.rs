@@ -490,3 +490,34 @@ pub fn until_listening(port: u16, what: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Whether the connection `pool` lends next is inside a transaction, as one whose
+/// `BEGIN` was cut off mid-round trip and handed back to the pool is. Give the pool one
+/// connection, so that it is the one the cut call used.
+pub async fn lends_inside_a_transaction(pool: &sqlx::PgPool) -> bool {
+    // A simple query is one message: outside a transaction both instants are its receipt.
+    let row = sqlx::raw_sql("SELECT now() = statement_timestamp()")
+        .fetch_one(pool)
+        .await
+        .expect("the pool's connection answers");
+    let fresh: bool = sqlx::Row::get(&row, 0);
+    !fresh
+}
+
+/// Drive `call` until it has waited `waits` times (each time it was polled and not
+/// ready: a round trip under way, a connection awaited), then drop it there, as a caller
+/// that gives up does: `None`. Its output if it ended first. Cuts placed by waits, not by
+/// a timer, fall at the same point of the call however loaded the machine is.
+pub async fn cut_after_waits<F: std::future::Future>(call: F, waits: usize) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    let mut waited = 0;
+    std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
+        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
+        std::task::Poll::Pending if waited + 1 == waits => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => {
+            waited += 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}

@@ -1,0 +1,40 @@
+//! The outbox table on a real PostgreSQL server.
+
+use idem_messaging::Outbox;
+use idem_testkit::harness;
+
+/// A migration under a timeout (a start-up that gave up), dropped at every point of its
+/// round trips, leaves no connection of the pool inside a transaction: on a pool the
+/// outbox shares with the application, the next borrower of that connection is the
+/// application's own code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_cut_mid_round_trip_leave_the_connection_usable() {
+    let Some(database) = idem_testkit::conformance::server_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    // One connection: every statement after a cut one runs on it.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database)
+        .await
+        .unwrap();
+    let outbox = Outbox::<sqlx::Postgres>::named(&format!("outbox_migrated_{}", std::process::id())).unwrap();
+    outbox.migrate(&pool).await.unwrap();
+    let mut cut = 0;
+    for round in 0..400u64 {
+        // Cut at its first wait, its second, … its sixteenth (or not at all: it ended
+        // first): before, during or after the BEGIN, a statement or the COMMIT. Run
+        // again, its statements change nothing.
+        let waits = usize::try_from(round % 16).unwrap() + 1;
+        if harness::cut_after_waits(outbox.migrate(&pool), waits).await.is_none() {
+            cut += 1;
+        }
+        assert!(
+            !harness::lends_inside_a_transaction(&pool).await,
+            "round {round}: the pooled connection was left inside a transaction"
+        );
+    }
+    outbox.counts(&pool).await.expect("the table is there and readable");
+    println!("{cut} of 400 migrations were cut");
+    assert!(cut > 100, "the migrations were cut mid-way ({cut} times)");
+}
