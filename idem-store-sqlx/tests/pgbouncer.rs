@@ -352,24 +352,26 @@ async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
         return;
     };
     let op = Idempotent::new("pooled.cancelled").store(Arc::new(store.clone()));
+    // Each call and read is dropped at one of the points a first execution waits at, in
+    // turn, or not at all: before, during or after the BEGIN, a statement or the COMMIT.
+    let points = harness::waits_of(op.execute("k", async { Ok::<_, idem::Error>(0) })).await;
     let mut cancelled = 0;
     for round in 0..400u64 {
-        // Dropped after 0 to ~2 ms: before, during or after the BEGIN, a statement or
-        // the COMMIT.
-        let after = Duration::from_micros(round * 37 % 2_000);
+        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
         let key = format!("k{}", round % 20);
         let call = op.execute(&key, async move { Ok::<_, idem::Error>(round) });
-        if tokio::time::timeout(after, call).await.is_err() {
+        if harness::cut_after_waits(call, waits).await.is_none() {
             cancelled += 1;
         }
-        if tokio::time::timeout(after, store.get("pooled.cancelled", &key))
+        if harness::cut_after_waits(store.get("pooled.cancelled", &key), waits)
             .await
-            .is_err()
+            .is_none()
         {
             cancelled += 1;
         }
         assert_outside_any_transaction(&store, round, &key).await;
     }
+    println!("a first execution waits {points} times; {cancelled} of 800 calls and reads were cut");
     assert!(
         cancelled > 100,
         "the operations were cancelled mid-way ({cancelled} times)"
@@ -383,21 +385,18 @@ async fn migrations_cancelled_mid_round_trip_leave_the_connection_usable() {
     let Some(store) = on_one_connection("idem_pooled_migrated").await else {
         return;
     };
-    // The cuts spread over one migration's time (its statements change nothing now).
-    let started = Instant::now();
-    for _ in 0..5 {
-        store.migrate().await.unwrap();
-    }
-    let took = started.elapsed() / 5;
+    // Run again, its statements change nothing; each is cut at one of the points a
+    // whole one waits at, in turn, or not at all.
+    let points = harness::waits_of(store.migrate()).await;
     let mut cancelled = 0;
     for round in 0..400u64 {
-        let after = took * u32::try_from(round * 37 % 100).unwrap() / 100;
-        if tokio::time::timeout(after, store.migrate()).await.is_err() {
+        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
+        if harness::cut_after_waits(store.migrate(), waits).await.is_none() {
             cancelled += 1;
         }
         assert_outside_any_transaction(&store, round, "k").await;
     }
-    println!("one migration took {took:?}; {cancelled} of 400 were cut");
+    println!("a migration waits {points} times; {cancelled} of 400 were cut");
     assert!(
         cancelled > 100,
         "the migrations were cancelled mid-way ({cancelled} times)"
@@ -427,33 +426,40 @@ async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
         }
         answers
     };
-    let mut cancelled = 0;
-    for round in 0..400u64 {
-        let before = answers().await;
+    // The page that gives both records the answer `n`.
+    let store = &store;
+    let page = |n: u64| async move {
         let mut page = Vec::new();
         for key in KEYS {
             let read = store.get("pooled.cancelled", key).await.unwrap().unwrap();
             let mut with = read.clone();
-            with.response_body = Some(round.to_string());
+            with.response_body = Some(n.to_string());
             page.push(Rewrite { read, with });
         }
-        // Cut at its first wait, its second, … its sixteenth (or not at all: it ended
-        // first): before, during or after the BEGIN, a statement or the COMMIT.
-        let waits = usize::try_from(round % 16).unwrap() + 1;
+        page
+    };
+    let points = harness::waits_of(store.replace_values(&page(0).await)).await;
+    let mut cancelled = 0;
+    for round in 1..=400u64 {
+        let before = answers().await;
+        let page = page(round).await;
+        // Cut at one of the points a whole page waits at, in turn, or not at all:
+        // before, during or after the BEGIN, a statement or the COMMIT.
+        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
         if harness::cut_after_waits(store.replace_values(&page), waits)
             .await
             .is_none()
         {
             cancelled += 1;
         }
-        assert_outside_any_transaction(&store, round, KEYS[0]).await;
+        assert_outside_any_transaction(store, round, KEYS[0]).await;
         let after = answers().await;
         assert!(
             after == before || after == [Some(round.to_string()), Some(round.to_string())],
             "round {round}: the page landed in part: {before:?} became {after:?}"
         );
     }
-    println!("{cancelled} of 400 pages were cut");
+    println!("a page waits {points} times; {cancelled} of 400 were cut");
     assert!(
         cancelled > 100,
         "the rewrites were cancelled mid-way ({cancelled} times)"

@@ -509,11 +509,22 @@ pub async fn lends_inside_a_transaction(pool: &sqlx::PgPool) -> bool {
 /// that gives up does: `None`. Its output if it ended first. Cuts placed by waits, not by
 /// a timer, fall at the same point of the call however loaded the machine is.
 pub async fn cut_after_waits<F: std::future::Future>(call: F, waits: usize) -> Option<F::Output> {
+    driven(call, Some(waits)).await.0
+}
+
+/// How many times `call`, run to its end, waited: the points [`cut_after_waits`] can
+/// cut a call like it at.
+pub async fn waits_of<F: std::future::Future>(call: F) -> usize {
+    driven(call, None).await.1
+}
+
+/// `call` driven to its end, or dropped at its `cut_at`-th wait; and how often it waited.
+async fn driven<F: std::future::Future>(call: F, cut_at: Option<usize>) -> (Option<F::Output>, usize) {
     let mut call = std::pin::pin!(call);
     let mut waited = 0;
     std::future::poll_fn(|cx| match call.as_mut().poll(cx) {
-        std::task::Poll::Ready(output) => std::task::Poll::Ready(Some(output)),
-        std::task::Poll::Pending if waited + 1 == waits => std::task::Poll::Ready(None),
+        std::task::Poll::Ready(output) => std::task::Poll::Ready((Some(output), waited)),
+        std::task::Poll::Pending if cut_at == Some(waited + 1) => std::task::Poll::Ready((None, waited + 1)),
         std::task::Poll::Pending => {
             waited += 1;
             std::task::Poll::Pending
