@@ -26,8 +26,10 @@ async fn migrations_cut_mid_round_trip_leave_the_connection_usable() {
     let points = harness::waits_of(outbox.migrate(&pool)).await;
     let mut cut = 0;
     for round in 0..400u64 {
-        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
-        if harness::cut_after_waits(outbox.migrate(&pool), waits).await.is_none() {
+        if harness::cut_in_turn(outbox.migrate(&pool), round, points)
+            .await
+            .is_none()
+        {
             cut += 1;
         }
         assert!(

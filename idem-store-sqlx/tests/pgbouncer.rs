@@ -357,13 +357,12 @@ async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
     let points = harness::waits_of(op.execute("k", async { Ok::<_, idem::Error>(0) })).await;
     let mut cancelled = 0;
     for round in 0..400u64 {
-        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
         let key = format!("k{}", round % 20);
         let call = op.execute(&key, async move { Ok::<_, idem::Error>(round) });
-        if harness::cut_after_waits(call, waits).await.is_none() {
+        if harness::cut_in_turn(call, round, points).await.is_none() {
             cancelled += 1;
         }
-        if harness::cut_after_waits(store.get("pooled.cancelled", &key), waits)
+        if harness::cut_in_turn(store.get("pooled.cancelled", &key), round, points)
             .await
             .is_none()
         {
@@ -390,8 +389,7 @@ async fn migrations_cancelled_mid_round_trip_leave_the_connection_usable() {
     let points = harness::waits_of(store.migrate()).await;
     let mut cancelled = 0;
     for round in 0..400u64 {
-        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
-        if harness::cut_after_waits(store.migrate(), waits).await.is_none() {
+        if harness::cut_in_turn(store.migrate(), round, points).await.is_none() {
             cancelled += 1;
         }
         assert_outside_any_transaction(&store, round, "k").await;
@@ -404,7 +402,7 @@ async fn migrations_cancelled_mid_round_trip_leave_the_connection_usable() {
 }
 
 /// A page's rewrites (a `rekey` under a timeout) dropped at every point of their round
-/// trips leave no connection of the store's pool inside a transaction, and each rewrite
+/// trips leave no connection of the store's pool inside a transaction, and each page
 /// either lands whole or not at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
@@ -417,15 +415,6 @@ async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
     for key in KEYS {
         op.execute(key, async { Ok::<_, idem::Error>(0u64) }).await.unwrap();
     }
-    // The answers the page's records hold now.
-    let answers = || async {
-        let mut answers = Vec::new();
-        for key in KEYS {
-            let record = store.get("pooled.cancelled", key).await.unwrap().unwrap();
-            answers.push(record.response_body);
-        }
-        answers
-    };
     // The page that gives both records the answer `n`.
     let store = &store;
     let page = |n: u64| async move {
@@ -439,14 +428,22 @@ async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
         page
     };
     let points = harness::waits_of(store.replace_values(&page(0).await)).await;
+    // The answers the page's records hold now.
+    let answers = || async {
+        let mut answers = Vec::new();
+        for key in KEYS {
+            let record = store.get("pooled.cancelled", key).await.unwrap().unwrap();
+            answers.push(record.response_body);
+        }
+        answers
+    };
     let mut cancelled = 0;
     for round in 1..=400u64 {
-        let before = answers().await;
         let page = page(round).await;
+        let before: Vec<_> = page.iter().map(|rewrite| rewrite.read.response_body.clone()).collect();
         // Cut at one of the points a whole page waits at, in turn, or not at all:
         // before, during or after the BEGIN, a statement or the COMMIT.
-        let waits = usize::try_from(round).unwrap() % (points + 1) + 1;
-        if harness::cut_after_waits(store.replace_values(&page), waits)
+        if harness::cut_in_turn(store.replace_values(&page), round, points)
             .await
             .is_none()
         {

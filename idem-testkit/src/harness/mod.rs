@@ -518,6 +518,14 @@ pub async fn waits_of<F: std::future::Future>(call: F) -> usize {
     driven(call, None).await.1
 }
 
+/// Turn `turn` of cutting a call that waits `points` times ([`waits_of`]): cut at its
+/// wait `turn mod (points + 1) + 1`, so that turns in a row cut it at each point in turn
+/// and every `points + 1`-th runs it whole. `None` when it was cut.
+pub async fn cut_in_turn<F: std::future::Future>(call: F, turn: u64, points: usize) -> Option<F::Output> {
+    let waits = usize::try_from(turn).unwrap_or(usize::MAX) % (points + 1) + 1;
+    cut_after_waits(call, waits).await
+}
+
 /// `call` driven to its end, or dropped at its `cut_at`-th wait; and how often it waited.
 async fn driven<F: std::future::Future>(call: F, cut_at: Option<usize>) -> (Option<F::Output>, usize) {
     let mut call = std::pin::pin!(call);
