@@ -352,25 +352,23 @@ async fn operations_cancelled_mid_round_trip_leave_the_connection_usable() {
         return;
     };
     let op = Idempotent::new("pooled.cancelled").store(Arc::new(store.clone()));
-    // Each call and read is dropped at one of the points a first execution waits at, in
-    // turn, or not at all: before, during or after the BEGIN, a statement or the COMMIT.
-    let points = harness::waits_of(op.execute("k", async { Ok::<_, idem::Error>(0) })).await;
-    let mut cancelled = 0;
+    // Each call and read is dropped at one of the points it waits at, in turn, or not at
+    // all: before, during or after the BEGIN, a statement or the COMMIT.
+    let (mut calls, mut reads) = (harness::Cuts::default(), harness::Cuts::default());
     for round in 0..400u64 {
         let key = format!("k{}", round % 20);
-        let call = op.execute(&key, async move { Ok::<_, idem::Error>(round) });
-        if harness::cut_in_turn(call, round, points).await.is_none() {
-            cancelled += 1;
-        }
-        if harness::cut_in_turn(store.get("pooled.cancelled", &key), round, points)
-            .await
-            .is_none()
-        {
-            cancelled += 1;
-        }
+        calls
+            .next(op.execute(&key, async move { Ok::<_, idem::Error>(round) }))
+            .await;
+        reads.next(store.get("pooled.cancelled", &key)).await;
         assert_outside_any_transaction(&store, round, &key).await;
     }
-    println!("a first execution waits {points} times; {cancelled} of 800 calls and reads were cut");
+    let cancelled = calls.cut() + reads.cut();
+    println!(
+        "a call waits at most {} times, a read {}; {cancelled} of 800 calls and reads were cut",
+        calls.points(),
+        reads.points()
+    );
     assert!(
         cancelled > 100,
         "the operations were cancelled mid-way ({cancelled} times)"
@@ -386,15 +384,16 @@ async fn migrations_cancelled_mid_round_trip_leave_the_connection_usable() {
     };
     // Run again, its statements change nothing; each is cut at one of the points a
     // whole one waits at, in turn, or not at all.
-    let points = harness::waits_of(store.migrate()).await;
-    let mut cancelled = 0;
+    let mut cuts = harness::Cuts::default();
     for round in 0..400u64 {
-        if harness::cut_in_turn(store.migrate(), round, points).await.is_none() {
-            cancelled += 1;
-        }
+        cuts.next(store.migrate()).await;
         assert_outside_any_transaction(&store, round, "k").await;
     }
-    println!("a migration waits {points} times; {cancelled} of 400 were cut");
+    let cancelled = cuts.cut();
+    println!(
+        "a migration waits at most {} times; {cancelled} of 400 were cut",
+        cuts.points()
+    );
     assert!(
         cancelled > 100,
         "the migrations were cancelled mid-way ({cancelled} times)"
@@ -427,7 +426,6 @@ async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
         }
         page
     };
-    let points = harness::waits_of(store.replace_values(&page(0).await)).await;
     // The answers the page's records hold now.
     let answers = || async {
         let mut answers = Vec::new();
@@ -437,18 +435,13 @@ async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
         }
         answers
     };
-    let mut cancelled = 0;
+    let mut cuts = harness::Cuts::default();
     for round in 1..=400u64 {
         let page = page(round).await;
         let before: Vec<_> = page.iter().map(|rewrite| rewrite.read.response_body.clone()).collect();
         // Cut at one of the points a whole page waits at, in turn, or not at all:
         // before, during or after the BEGIN, a statement or the COMMIT.
-        if harness::cut_in_turn(store.replace_values(&page), round, points)
-            .await
-            .is_none()
-        {
-            cancelled += 1;
-        }
+        cuts.next(store.replace_values(&page)).await;
         assert_outside_any_transaction(store, round, KEYS[0]).await;
         let after = answers().await;
         assert!(
@@ -456,7 +449,11 @@ async fn rewrites_cancelled_mid_round_trip_leave_the_connection_usable() {
             "round {round}: the page landed in part: {before:?} became {after:?}"
         );
     }
-    println!("a page waits {points} times; {cancelled} of 400 were cut");
+    let cancelled = cuts.cut();
+    println!(
+        "a page waits at most {} times; {cancelled} of 400 were cut",
+        cuts.points()
+    );
     assert!(
         cancelled > 100,
         "the rewrites were cancelled mid-way ({cancelled} times)"

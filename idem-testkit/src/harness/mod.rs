@@ -512,18 +512,62 @@ pub async fn cut_after_waits<F: std::future::Future>(call: F, waits: usize) -> O
     driven(call, Some(waits)).await.0
 }
 
-/// How many times `call`, run to its end, waited: the points [`cut_after_waits`] can
-/// cut a call like it at.
-pub async fn waits_of<F: std::future::Future>(call: F) -> usize {
-    driven(call, None).await.1
+/// Calls of one kind cut at each point they wait at, in turn ([`cut_after_waits`]),
+/// with a whole run between rounds: turn after turn, a call is dropped at its first
+/// wait, its second, … up to the most any whole run of them waited, and then run whole.
+/// Each whole run teaches the most waits anew, so a call that waits more on one turn
+/// than the first whole one did is still cut at its later points.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// use idem_testkit::harness::Cuts;
+///
+/// let three_waits = || async {
+///     for _ in 0..3 {
+///         tokio::time::sleep(Duration::from_millis(1)).await;
+///     }
+/// };
+/// let mut cuts = Cuts::default();
+/// for _ in 0..8 {
+///     cuts.next(three_waits()).await;
+/// }
+/// assert_eq!((cuts.points(), cuts.cut()), (3, 6)); // whole, 1, 2, 3, whole, 1, 2, 3
+/// # });
+/// ```
+#[derive(Debug, Default)]
+pub struct Cuts {
+    /// The wait the next call is cut at; none: run it whole.
+    at: Option<usize>,
+    points: usize,
+    cut: usize,
 }
 
-/// Turn `turn` of cutting a call that waits `points` times ([`waits_of`]): cut at its
-/// wait `turn mod (points + 1) + 1`, so that turns in a row cut it at each point in turn
-/// and every `points + 1`-th runs it whole. `None` when it was cut.
-pub async fn cut_in_turn<F: std::future::Future>(call: F, turn: u64, points: usize) -> Option<F::Output> {
-    let waits = usize::try_from(turn).unwrap_or(usize::MAX) % (points + 1) + 1;
-    cut_after_waits(call, waits).await
+impl Cuts {
+    /// Run `call` cut at this turn's point, or whole on the turn after the last point:
+    /// `None` when it was cut.
+    pub async fn next<F: std::future::Future>(&mut self, call: F) -> Option<F::Output> {
+        let (output, waited) = driven(call, self.at).await;
+        match output {
+            Some(_) => self.points = self.points.max(waited),
+            None => self.cut += 1,
+        }
+        self.at = match self.at {
+            None => (self.points > 0).then_some(1),
+            Some(at) => (at < self.points).then_some(at + 1),
+        };
+        output
+    }
+
+    /// The most waits a whole call has made so far: the points it is cut at.
+    pub fn points(&self) -> usize {
+        self.points
+    }
+
+    /// How many calls were cut.
+    pub fn cut(&self) -> usize {
+        self.cut
+    }
 }
 
 /// `call` driven to its end, or dropped at its `cut_at`-th wait; and how often it waited.
