@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -18,6 +18,7 @@ use tracing::{debug, info, warn};
 use crate::connection::{self, Broker, Setup};
 use crate::message::{KeySource, Message};
 use crate::observe;
+use crate::stall::{self, Activity, Stall};
 use idem_messaging::session::{sessions, Role};
 use idem_messaging::{Attempts, ConsumerStats, Counters, Disposition, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 
@@ -52,7 +53,10 @@ use idem_messaging::{Attempts, ConsumerStats, Counters, Disposition, HandlerErro
 ///
 /// The consumer reconnects by itself when the broker goes away (a restart, a cut
 /// connection), with pauses from 100 ms to 5 s; [`on_connect`](Self::on_connect)
-/// declares the topology on each new channel.
+/// declares the topology on each new channel. It also opens a new session when the
+/// broker stops delivering to an open one while messages are ready (see
+/// [`stall_check`](Self::stall_check)): a connection can stay up while nothing reaches
+/// its consumer.
 #[derive(Clone)]
 pub struct Consumer {
     broker: Broker,
@@ -62,6 +66,7 @@ pub struct Consumer {
     redeliver_after: Duration,
     on_failure: OnFailure,
     declare: Option<Setup>,
+    stall_check: Duration,
     stats: Arc<Counters>,
     /// The failed runs of each key not yet settled, in this process.
     attempts: Arc<Attempts>,
@@ -77,6 +82,7 @@ impl std::fmt::Debug for Consumer {
             .field("redeliver_after", &self.redeliver_after)
             .field("on_failure", &self.on_failure)
             .field("max_attempts", &self.attempts.max())
+            .field("stall_check", &self.stall_check)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +92,10 @@ pub const DEFAULT_PREFETCH: u16 = 16;
 
 /// The pause before a delivery that was not settled is requeued, by default.
 pub const DEFAULT_REDELIVER_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a session goes without a delivery, with room for more, before the consumer
+/// asks the broker whether messages are ready, by default.
+pub const DEFAULT_STALL_CHECK: Duration = Duration::from_secs(30);
 
 impl Consumer {
     /// A consumer of `queue` on the broker at `amqp_url` (`amqp://user:pass@host:5672/%2f`).
@@ -98,6 +108,7 @@ impl Consumer {
             redeliver_after: DEFAULT_REDELIVER_AFTER,
             on_failure: OnFailure::default(),
             declare: None,
+            stall_check: DEFAULT_STALL_CHECK,
             stats: Arc::default(),
             attempts: Arc::new(Attempts::new(DEFAULT_MAX_ATTEMPTS)),
         }
@@ -130,6 +141,25 @@ impl Consumer {
     /// requeued however often that happens.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.attempts = Arc::new(Attempts::new(attempts));
+        self
+    }
+
+    /// How long a session may go without a delivery while it has room for more
+    /// (fewer than [`prefetch`](Self::prefetch) in hand) before the consumer asks the
+    /// broker, by a passive declare of the queue, whether messages are ready (default
+    /// [`DEFAULT_STALL_CHECK`], 30 s). If some are, or the broker does not answer
+    /// within the same time, the broker is not delivering to this session: a quorum
+    /// queue whose leader moved can count deliveries as made to a consumer that never
+    /// receives them, and a connection can go silent in one direction only. The session
+    /// then takes no more deliveries, lets those in hand finish, and closes (its
+    /// unacked deliveries go back to the queue); the next one consumes afresh. An idle
+    /// queue costs one passive declare per `quiet`.
+    ///
+    /// A standby consumer of a single-active-consumer queue is also sent nothing while
+    /// messages wait for the active one: it reopens its session each time, harmlessly;
+    /// give it a longer `quiet`.
+    pub fn stall_check(mut self, quiet: Duration) -> Self {
+        self.stall_check = quiet;
         self
     }
 
@@ -200,8 +230,9 @@ impl Consumer {
         }
     }
 
-    /// One connection's worth of deliveries: until the connection or channel fails.
-    async fn session<M, T, E, H, Fut>(&self, handler: &H) -> Result<(), lapin::Error>
+    /// One connection's worth of deliveries: until the connection or channel fails, or
+    /// the broker stops delivering to it ([`stall`](crate::stall)).
+    async fn session<M, T, E, H, Fut>(&self, handler: &H) -> Result<(), SessionEnd>
     where
         M: DeserializeOwned,
         E: HandlerError,
@@ -209,7 +240,7 @@ impl Consumer {
         Fut: Future<Output = Result<T, E>>,
     {
         let name = format!("idem consumer of {}", self.queue);
-        let (_connection, channel) = connection::open(&self.broker, &name, self.declare.as_ref()).await?;
+        let (connection, channel) = connection::open(&self.broker, &name, self.declare.as_ref()).await?;
         channel.basic_qos(self.prefetch, BasicQosOptions::default()).await?;
         let deliveries = channel
             .basic_consume(
@@ -220,8 +251,23 @@ impl Consumer {
             )
             .await?;
         info!(queue = %self.queue, prefetch = self.prefetch, "consuming");
+        let activity = Activity::new();
+        let stalled = OnceLock::new();
+        let watch = async {
+            let stall = stall::watch(
+                &channel,
+                &self.queue,
+                usize::from(self.prefetch),
+                self.stall_check,
+                &activity,
+            )
+            .await;
+            let _ = stalled.set(stall);
+        };
         let mut failure = None;
         deliveries
+            // A stalled session takes no more deliveries; those in hand finish.
+            .take_until(watch)
             .take_while(|delivery| {
                 let go_on = match delivery {
                     Ok(_) => true,
@@ -230,15 +276,27 @@ impl Consumer {
                         false
                     }
                 };
+                activity.heard();
                 std::future::ready(go_on)
             })
             .for_each_concurrent(usize::from(self.prefetch), |delivery| async {
                 if let Ok(delivery) = delivery {
+                    let _held = activity.hold();
                     self.handle(delivery, handler).await;
                 }
             })
             .await;
-        failure.map_or(Ok(()), Err)
+        if let Some(stall) = stalled.into_inner() {
+            // The close hands the unacked deliveries back to the queue; a connection
+            // gone silent may not answer it.
+            let closed = connection.close(
+                lapin::protocol::constants::REPLY_SUCCESS,
+                "the broker stopped delivering".into(),
+            );
+            let _ = tokio::time::timeout(self.stall_check, closed).await;
+            return Err(SessionEnd::Stalled(stall));
+        }
+        failure.map_or(Ok(()), |error| Err(error.into()))
     }
 
     /// Run the handler on one delivery and settle it by the answer.
@@ -332,6 +390,30 @@ impl Consumer {
             Err(error) => {
                 warn!(queue = %self.queue, %error, "could not settle a delivery; the broker will deliver it again")
             }
+        }
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug)]
+enum SessionEnd {
+    /// The connection or the channel failed.
+    Broker(lapin::Error),
+    /// The broker stopped delivering to it.
+    Stalled(Stall),
+}
+
+impl From<lapin::Error> for SessionEnd {
+    fn from(error: lapin::Error) -> Self {
+        SessionEnd::Broker(error)
+    }
+}
+
+impl std::fmt::Display for SessionEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionEnd::Broker(error) => error.fmt(f),
+            SessionEnd::Stalled(stall) => write!(f, "stalled: {stall}"),
         }
     }
 }

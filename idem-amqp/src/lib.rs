@@ -93,11 +93,12 @@ mod connection;
 mod consumer;
 mod message;
 pub mod observe;
+mod stall;
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod relay;
 
-pub use consumer::{Consumer, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER};
+pub use consumer::{Consumer, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER, DEFAULT_STALL_CHECK};
 pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 pub use message::{KeyFn, KeySource, Message};
 

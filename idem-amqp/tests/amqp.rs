@@ -15,6 +15,8 @@ use idem::{Error, Idempotent, MemoryStore, OnError};
 use idem_testkit::conformance::faulty::{Fault, FaultyStore, Op, Store};
 use serde_json::{json, Value};
 
+mod proxy;
+
 /// The broker's URL, or `None` (and a line saying so) outside CI.
 fn amqp_url() -> Option<String> {
     idem_testkit::conformance::server_url("IDEM_TEST_AMQP_URL", "RabbitMQ")
@@ -195,6 +197,61 @@ async fn a_delivered_again_finished_message_is_acked_with_the_first_answer_and_n
     );
     assert_eq!((stats.requeued, stats.failed), (0, 0));
     assert_eq!(waiting(&channel, queue).await, 0);
+}
+
+/// The broker stops delivering to a session while its connection stays up: its
+/// deliveries are swallowed on the way (the broker counts them as made, as a quorum
+/// queue whose leader moved can, and sends nothing more once the prefetch is spent).
+/// The consumer finds the session stalled, closes it (the swallowed deliveries go back
+/// to the queue) and consumes on a new one: every message runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_the_broker_stops_delivering_to_is_replaced() {
+    let Some(url) = amqp_url() else { return };
+    stalled_session_replaced(&url, "idem.test.stall", proxy::Swallowing::swallow_deliveries).await;
+}
+
+/// The connection goes silent one way: nothing the broker sends reaches the consumer
+/// (the consumer's frames still reach the broker). The question whether messages are
+/// ready goes unanswered; the session is taken for dead and replaced: every message
+/// runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_gone_silent_is_replaced() {
+    let Some(url) = amqp_url() else { return };
+    stalled_session_replaced(&url, "idem.test.silent", proxy::Swallowing::swallow_everything).await;
+}
+
+/// 200 messages consumed through a proxy that starts to `swallow` part of what the
+/// broker sends the first session once a quarter are acked: each runs once, and the
+/// session is replaced.
+async fn stalled_session_replaced(url: &str, queue: &'static str, swallow: fn(&proxy::Swallowing)) {
+    let channel = fresh_queue(url, queue).await;
+    const MESSAGES: u64 = 200;
+    for i in 0..MESSAGES {
+        publish(&channel, queue, Some(&format!("order-{i}")), br#"{"points": 1}"#).await;
+    }
+    let proxy = proxy::Swallowing::start(url).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let op = Idempotent::new(queue).store(Arc::new(MemoryStore::new()));
+    let consumer = Consumer::new(proxy.url(), queue)
+        .prefetch(10)
+        .stall_check(Duration::from_millis(500));
+    let handler = counted(op, runs.clone(), Duration::from_millis(2), false);
+    let _stop = spawn(consumer.clone(), handler);
+    until(&consumer, |s| s.acked >= MESSAGES / 4).await;
+    swallow(&proxy);
+    let stats = until(&consumer, |s| s.acked >= MESSAGES).await;
+    assert!(proxy.swallowed() > 0, "the proxy swallowed nothing: {stats:?}");
+    assert!(stats.sessions_lost >= 1, "the stalled session was replaced: {stats:?}");
+    assert_eq!(
+        u64::from(runs.load(Ordering::SeqCst)),
+        MESSAGES,
+        "one body per message: {stats:?}"
+    );
+    assert_eq!(waiting(&channel, queue).await, 0);
+    println!(
+        "{queue}: {MESSAGES} messages, {} frames swallowed on the first session: {stats:?}",
+        proxy.swallowed()
+    );
 }
 
 /// Through a sealed store: the first answer is replayed to a redelivery and kept
