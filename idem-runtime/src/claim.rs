@@ -114,6 +114,16 @@ impl<'a> Claim<'a> {
     /// that is higher; a takeover keeps the life and its `created_at`, and increments
     /// the fence.
     pub fn granted(&self, existing: Option<&Record>) -> Record {
+        Record {
+            biz: self.biz.to_owned(),
+            key: self.key.to_owned(),
+            ..self.granted_unnamed(existing)
+        }
+    }
+
+    /// [`granted`](Self::granted), with its biz and key left empty (no copies made):
+    /// for a store that keeps them beside the record.
+    pub(crate) fn granted_unnamed(&self, existing: Option<&Record>) -> Record {
         let (fence, created_at, fingerprint, steps) = match existing {
             None => (self.first_fence(), self.now, self.fingerprint.map(str::to_owned), None),
             Some(old) if old.is_expired(self.now) => (
@@ -130,8 +140,8 @@ impl<'a> Claim<'a> {
             ),
         };
         Record {
-            biz: self.biz.to_owned(),
-            key: self.key.to_owned(),
+            biz: String::new(),
+            key: String::new(),
             status: Status::Processing,
             fence,
             fingerprint,

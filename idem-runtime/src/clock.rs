@@ -109,13 +109,14 @@ impl SteadyClock {
 fn moved_by_tokio(system: SystemTime, tokio: tokio::time::Instant) -> SystemTime {
     let tokio = tokio.into_std();
     let monotonic = std::time::Instant::now();
-    if let Some(ahead) = tokio.checked_duration_since(monotonic) {
-        if ahead > TEST_CLOCK_THRESHOLD {
-            return system + ahead;
-        }
-    } else if let Some(behind) = monotonic.checked_duration_since(tokio) {
+    // Read first, tokio's clock is behind by a moment outside a test: one comparison.
+    if let Some(behind) = monotonic.checked_duration_since(tokio) {
         if behind > TEST_CLOCK_THRESHOLD {
             return system - behind;
+        }
+    } else if let Some(ahead) = tokio.checked_duration_since(monotonic) {
+        if ahead > TEST_CLOCK_THRESHOLD {
+            return system + ahead;
         }
     }
     system

@@ -52,6 +52,11 @@ pub(crate) fn operation_biz_problem(biz: &str) -> Option<String> {
 }
 
 fn control_char_problem(text: &str) -> Option<String> {
+    // Printable ASCII holds no control character: the common key is checked a byte at
+    // a time, with no characters decoded.
+    if text.bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
+        return None;
+    }
     text.char_indices()
         .find(|(_, c)| c.is_control())
         .map(|(at, c)| format!("control character {c:?} at byte {at}"))
@@ -73,6 +78,13 @@ mod tests {
         assert_eq!(key_problem("").as_deref(), Some("the key is empty"));
         assert!(key_problem(&"k".repeat(256)).unwrap().contains("256 bytes"));
         assert!(key_problem("a\nb").unwrap().contains("at byte 1"));
+        // The ends of printable ASCII, and the control characters past it.
+        for control in ["a\u{7f}b", "a\u{1f}b", "a\u{85}b", "a\u{9f}b"] {
+            assert!(key_problem(control).unwrap().contains("at byte 1"), "{control:?}");
+        }
+        for printable in ["a b", "a~b", "a\u{a0}b"] {
+            assert_eq!(key_problem(printable), None, "{printable:?}");
+        }
         assert!(biz_problem(&"b".repeat(65)).unwrap().contains("65 characters"));
         assert!(operation_biz_problem("token.order.submit")
             .unwrap()

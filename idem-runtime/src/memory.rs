@@ -17,7 +17,27 @@ use crate::store::IdempotencyStore;
 
 /// Records by biz, then by key: two levels, so a lookup borrows the caller's `&str`s
 /// instead of allocating a `(String, String)` to search with.
-type Shelves = Map<Map<Box<Record>>>;
+type Shelves = Map<Map<Box<Filed>>>;
+
+/// A record as the store keeps it: its biz and key are the names it is filed under,
+/// so the record itself holds neither (a claim copies the key once, into the map, not
+/// three times). [`named`](Self::named) gives the whole record back.
+#[derive(Debug)]
+struct Filed {
+    /// The record, with its `biz` and `key` empty.
+    record: Record,
+}
+
+impl Filed {
+    /// The record, named by the `biz` and `key` it is filed under.
+    fn named(&self, biz: &str, key: &str) -> Record {
+        Record {
+            biz: biz.to_owned(),
+            key: key.to_owned(),
+            ..self.record.clone()
+        }
+    }
+}
 
 /// A map by name, hashed with std's keyed SipHash (keys are callers' request ids, which
 /// must not be able to pick colliding keys). `hashbrown`'s, for [`entry_ref`]: a claim
@@ -120,8 +140,8 @@ impl MemoryStore {
             .get_mut(&lease.biz)
             .and_then(|shelf| shelf.get_mut(&lease.key))
         {
-            Some(record) if lease.holds(record) => {
-                write(record);
+            Some(filed) if lease.holds(&filed.record) => {
+                write(&mut filed.record);
                 FenceCheck::Held
             }
             _ => FenceCheck::Lost,
@@ -141,17 +161,17 @@ impl IdempotencyStore for MemoryStore {
         let shelf = guard.shelves.entry_ref(claim.biz).or_default();
         let granted = match shelf.entry_ref(claim.key) {
             EntryRef::Occupied(mut held) => {
-                let record = held.get_mut();
-                if !claim.admits(record) {
-                    return Ok(ClaimOutcome::Existing(Record::clone(record)));
+                let filed = held.get_mut();
+                if !claim.admits(&filed.record) {
+                    return Ok(ClaimOutcome::Existing(filed.named(claim.biz, claim.key)));
                 }
-                **record = claim.granted(Some(record));
-                Lease::of(record)
+                filed.record = claim.granted_unnamed(Some(&filed.record));
+                Lease::new(claim.biz, claim.key, filed.record.fence, filed.record.created_at)
             }
             EntryRef::Vacant(free) => {
-                let granted = claim.granted(None);
-                let lease = Lease::of(&granted);
-                free.insert(Box::new(granted));
+                let record = claim.granted_unnamed(None);
+                let lease = Lease::new(claim.biz, claim.key, record.fence, record.created_at);
+                free.insert(Box::new(Filed { record }));
                 lease
             }
         };
@@ -198,7 +218,7 @@ impl IdempotencyStore for MemoryStore {
         let Some(shelf) = shelves.shelves.get_mut(&lease.biz) else {
             return Ok(FenceCheck::Lost);
         };
-        match shelf.get_mut(&lease.key) {
+        match shelf.get_mut(&lease.key).map(|filed| &mut filed.record) {
             Some(record) if lease.holds(record) && record.steps.is_some() => {
                 record.lease_until = Some(record.created_at);
                 Ok(FenceCheck::Held)
@@ -221,7 +241,7 @@ impl IdempotencyStore for MemoryStore {
             .shelves
             .get(biz)
             .and_then(|shelf| shelf.get(key))
-            .map(|record| Record::clone(record)))
+            .map(|filed| filed.named(biz, key)))
     }
 
     async fn purge_expired(&self, now: SystemTime, limit: u64) -> Result<u64, StoreError> {
@@ -236,7 +256,7 @@ impl IdempotencyStore for MemoryStore {
             }
             let doomed: Vec<String> = shelf
                 .iter()
-                .filter(|(_, record)| purgeable(record, now))
+                .filter(|(_, filed)| purgeable(&filed.record, now))
                 .map(|(key, _)| key.clone())
                 .take(left)
                 .collect();
@@ -250,6 +270,7 @@ impl IdempotencyStore for MemoryStore {
         let strippable = shelves
             .values_mut()
             .flat_map(Map::values_mut)
+            .map(|filed| &mut filed.record)
             .filter(|record| record.strippable(now));
         for record in strippable.take(usize::try_from(limit).unwrap_or(usize::MAX)) {
             record.strip(Tombstone::Expired);
@@ -260,7 +281,8 @@ impl IdempotencyStore for MemoryStore {
     async fn erase_subject(&self, subject: &str) -> Result<u64, StoreError> {
         let mut guard = self.lock();
         let mut erased = 0;
-        for record in guard.shelves.values_mut().flat_map(Map::values_mut) {
+        for filed in guard.shelves.values_mut().flat_map(Map::values_mut) {
+            let record = &mut filed.record;
             if record.erasable(subject) {
                 record.strip(Tombstone::Erased);
                 erased += 1;
@@ -276,16 +298,20 @@ impl RecordPages for MemoryStore {
     async fn page(&self, cursor: &str, limit: u32) -> Result<Page, StoreError> {
         let after = Page::after_key(cursor);
         let guard = self.lock();
-        let mut records: Vec<&Record> = guard
+        let mut records: Vec<((&str, &str), &Filed)> = guard
             .shelves
-            .values()
-            .flat_map(Map::values)
-            .map(|record| &**record)
-            .filter(|r| after.is_none_or(|(biz, key)| (r.biz.as_str(), r.key.as_str()) > (biz, key)))
+            .iter()
+            .flat_map(|(biz, shelf)| {
+                shelf
+                    .iter()
+                    .map(move |(key, filed)| ((biz.as_str(), key.as_str()), &**filed))
+            })
+            .filter(|(names, _)| after.is_none_or(|after| *names > after))
             .collect();
-        records.sort_by(|a, b| (&a.biz, &a.key).cmp(&(&b.biz, &b.key)));
+        records.sort_by(|a, b| a.0.cmp(&b.0));
         records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        Ok(Page::by_key(records.into_iter().cloned().collect(), limit))
+        let records = records.into_iter().map(|((biz, key), filed)| filed.named(biz, key));
+        Ok(Page::by_key(records.collect(), limit))
     }
 
     async fn replace_values(&self, rewrites: &[Rewrite]) -> Result<u64, StoreError> {
@@ -295,7 +321,8 @@ impl RecordPages for MemoryStore {
             let record = guard
                 .shelves
                 .get_mut(&read.biz)
-                .and_then(|shelf| shelf.get_mut(&read.key));
+                .and_then(|shelf| shelf.get_mut(&read.key))
+                .map(|filed| &mut filed.record);
             if let Some(record) = record.filter(|record| record.same_values(read)) {
                 record.request_body.clone_from(&with.request_body);
                 record.response_body.clone_from(&with.response_body);
@@ -322,7 +349,7 @@ impl Shelf {
         }
         self.claims_since_sweep = 0;
         for shelf in self.shelves.values_mut() {
-            shelf.retain(|_, record| !purgeable(record, now));
+            shelf.retain(|_, filed| !purgeable(&filed.record, now));
         }
         self.shelves.retain(|_, shelf| !shelf.is_empty());
     }
@@ -396,7 +423,7 @@ mod tests {
                 .shelves
                 .entry("purge".into())
                 .or_default()
-                .insert(key.into(), Box::new(record));
+                .insert(key.into(), Box::new(Filed { record }));
         }
         assert_eq!(store.purge_expired(now, 100).await.unwrap(), 1);
         assert!(store.get("purge", "running").await.unwrap().is_some());

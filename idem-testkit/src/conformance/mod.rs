@@ -169,6 +169,7 @@ macro_rules! __every_scenario {
                 bad_keys_are_refused_before_the_body,
                 falsy_looking_keys_are_valid,
                 biz_namespaces_do_not_share_records,
+                records_and_leases_carry_their_names,
                 typed_results_round_trip_exactly,
                 two_functions_keep_their_own_options,
                 context_names_the_claim,

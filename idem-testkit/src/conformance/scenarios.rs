@@ -528,6 +528,26 @@ pub async fn biz_namespaces_do_not_share_records(store: &Store) {
     assert_eq!(in_biz_a(store, &key).await.unwrap(), "a");
 }
 
+/// Scenario: The lease a claim grants, the record a later claim meets and the record
+/// `get` reads name their biz and key (a cache in front of the store files what it is
+/// handed by them).
+pub async fn records_and_leases_carry_their_names(store: &Store) {
+    use idem::store::{Claim, ClaimOutcome};
+    let (biz, key) = ("conformance.names", unique("named"));
+    let names = |biz: &str, key: &str| (biz.to_owned(), key.to_owned());
+    let (lease_for, ttl) = (Duration::from_secs(30), Duration::from_secs(3600));
+    let lease = granted(store, biz, &key, idem::store::now(), lease_for, ttl).await;
+    assert_eq!(names(&lease.biz, &lease.key), names(biz, &key), "the lease granted");
+    let claim = Claim::new(biz, &key, idem::store::now(), lease_for, ttl);
+    let met = match store.claim(&claim).await.expect("the claim is answered") {
+        ClaimOutcome::Existing(record) => record,
+        other => panic!("a running claim is met: {other:?}"),
+    };
+    assert_eq!(names(&met.biz, &met.key), names(biz, &key), "the record met");
+    let read = record(store, biz, &key).await.expect("the record is read");
+    assert_eq!(names(&read.biz, &read.key), names(biz, &key), "the record read");
+}
+
 /// Scenario: Typed results round trip exactly.
 pub async fn typed_results_round_trip_exactly(store: &Store) {
     let key = unique("types");
