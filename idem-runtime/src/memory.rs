@@ -20,8 +20,8 @@ use crate::store::IdempotencyStore;
 type Shelves = Map<Map<Box<Filed>>>;
 
 /// A record as the store keeps it: its biz and key are the names it is filed under,
-/// so the record itself holds neither (a claim copies the key once, into the map, not
-/// three times). [`named`](Self::named) gives the whole record back.
+/// so the record itself holds neither (a new key is copied into the map and the lease,
+/// not into the record as well). [`named`](Self::named) gives the whole record back.
 #[derive(Debug)]
 struct Filed {
     /// The record, with its `biz` and `key` empty.
@@ -308,7 +308,7 @@ impl RecordPages for MemoryStore {
             })
             .filter(|(names, _)| after.is_none_or(|after| *names > after))
             .collect();
-        records.sort_by(|a, b| a.0.cmp(&b.0));
+        records.sort_by_key(|&(names, _)| names);
         records.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         let records = records.into_iter().map(|((biz, key), filed)| filed.named(biz, key));
         Ok(Page::by_key(records.collect(), limit))
