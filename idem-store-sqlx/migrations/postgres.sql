@@ -1,7 +1,7 @@
 CREATE TABLE IF NOT EXISTS "idempotent_record" (
   biz_type VARCHAR(64) NOT NULL,
   idempotent_key VARCHAR(255) NOT NULL,
-  status VARCHAR(16) NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),
+  status VARCHAR(16) NOT NULL,
   fence BIGINT NOT NULL,
   fingerprint VARCHAR(64),
   request_body TEXT,
@@ -19,4 +19,4 @@ CREATE TABLE IF NOT EXISTS "idempotent_record" (
   PRIMARY KEY (biz_type, idempotent_key)
 );
 CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);
-CREATE INDEX IF NOT EXISTS "idempotent_record_subject" ON "idempotent_record" (subject);
+CREATE INDEX IF NOT EXISTS "idempotent_record_subject" ON "idempotent_record" (subject) WHERE subject IS NOT NULL;

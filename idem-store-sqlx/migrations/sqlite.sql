@@ -18,4 +18,4 @@ CREATE TABLE IF NOT EXISTS "idempotent_record" (
   PRIMARY KEY (biz_type, idempotent_key)
 );
 CREATE INDEX IF NOT EXISTS "idempotent_record_expires_at" ON "idempotent_record" (expires_at);
-CREATE INDEX IF NOT EXISTS "idempotent_record_subject" ON "idempotent_record" (subject);
+CREATE INDEX IF NOT EXISTS "idempotent_record_subject" ON "idempotent_record" (subject) WHERE subject IS NOT NULL;

@@ -12,7 +12,7 @@ use crate::claim::{FirstClaim, Inserted};
 use crate::connection::{connect_checked, connecting, Check};
 use crate::dialect::{behind, derived_identifier, judged_by, on_table, renamed, Dialect, Parts, Stored, Upserted};
 use crate::error::{driver_error, refused};
-use crate::migration::{create_table, statements, ColumnTypes};
+use crate::migration::{create_table, partial_indexes, statements, ColumnTypes};
 use crate::pooler::{on_pool, Pooler};
 use crate::row::{granted_lease, read_in_insert, record_from_row};
 use crate::shape::{length, Column, Need, UniqueKey};
@@ -122,9 +122,7 @@ impl PostgresStore {
         };
         let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
         let subject = derived_identifier::<Self>(&self.parts.sql.table, "subject");
-        create_table(table, &types, true, &[], "")
-            + &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);\n")
-            + &format!("CREATE INDEX IF NOT EXISTS {subject} ON {table} (subject);\n")
+        create_table(table, &types, false, &[], "") + &partial_indexes(table, &index, &subject)
     }
 
     /// [`watch`](Dialect::watch)'s work: the listener started, the record marked.

@@ -8,7 +8,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoo
 
 use crate::dialect::{derived_identifier, on_table, renamed, Dialect, Parts, Upserted};
 use crate::error::driver_error;
-use crate::migration::{create_table, statements, ColumnTypes};
+use crate::migration::{create_table, partial_indexes, statements, ColumnTypes};
 use crate::row::granted_lease;
 use crate::shape::{Column, Need, UniqueKey};
 use crate::statements::{strippable, upsert_on_conflict, ServerClock, StatementClock, Statements, STRIPPED};
@@ -106,9 +106,7 @@ impl SqliteStore {
         };
         let index = derived_identifier::<Self>(&self.parts.sql.table, "expires_at");
         let subject = derived_identifier::<Self>(&self.parts.sql.table, "subject");
-        create_table(table, &types, true, &[], "")
-            + &format!("CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);\n")
-            + &format!("CREATE INDEX IF NOT EXISTS {subject} ON {table} (subject);\n")
+        create_table(table, &types, true, &[], "") + &partial_indexes(table, &index, &subject)
     }
 
     async fn create_table(&self) -> Result<(), StoreError> {

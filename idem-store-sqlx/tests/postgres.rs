@@ -250,3 +250,38 @@ async fn the_insert_that_reads_judges_what_it_read() {
     )
     .await;
 }
+
+/// The table has no check on `status` (PostgreSQL would build it again for every write):
+/// a status written by hand is refused by the store's read instead. The call fails
+/// naming the record, the body does not run again, and the row stays as it was.
+#[tokio::test]
+async fn a_status_written_by_hand_fails_its_calls_and_runs_nothing() {
+    let Some(store) = open_dyn().await else { return };
+    // A table an older version made still has the check.
+    idem::sqlx::query("ALTER TABLE idempotent_record DROP CONSTRAINT IF EXISTS idempotent_record_status_check")
+        .execute(open().await.unwrap().pool())
+        .await
+        .unwrap();
+    let key = conformance::unique("status");
+    let runs = conformance::calls::Runs::default();
+    conformance::calls::pay(&store, &key, &runs, Duration::ZERO)
+        .await
+        .unwrap();
+    edit("status = 'DONE'", key.clone()).await;
+    let error = conformance::calls::pay(&store, &key, &runs, Duration::ZERO)
+        .await
+        .expect_err("an unknown status is not replayed nor run");
+    assert!(error.to_string().contains(&key), "{error}");
+    assert!(
+        format!("{error:?}").contains("DONE"),
+        "the cause names the status: {error:?}"
+    );
+    assert_eq!(runs.count(), 1, "the body ran once");
+    let status: String =
+        idem::sqlx::query_scalar("SELECT status::text FROM idempotent_record WHERE idempotent_key = $1")
+            .bind(&key)
+            .fetch_one(open().await.unwrap().pool())
+            .await
+            .unwrap();
+    assert_eq!(status, "DONE", "the row stays");
+}
