@@ -83,6 +83,7 @@ pub(crate) fn create_table(
 /// (SQLite, PostgreSQL), named `expires_at` and `subject`: the expiry's, which purges
 /// follow, and the subject's, which erasures follow. A record without a subject (most)
 /// has no entry in the subject's index, so its writes do not touch it.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn partial_indexes(table: &str, expires_at: &str, subject: &str) -> String {
     format!(
         "CREATE INDEX IF NOT EXISTS {expires_at} ON {table} (expires_at);\n\
