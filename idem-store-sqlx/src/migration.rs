@@ -20,10 +20,10 @@ pub(crate) struct ColumnTypes<'a> {
 }
 
 /// The table's status check, inline (SQLite) or as a named constraint (MySQL and
-/// MariaDB), where it costs next to nothing. Not on PostgreSQL, which builds a table's checks
-/// again for every statement that writes a row, about 4 µs each (a first execution
-/// writes twice), and idem never writes another status: a row of another status
-/// (written by hand) is read as an unreadable record, which fails its calls.
+/// MariaDB), where it costs next to nothing. Not on PostgreSQL, which builds a table's
+/// checks again for every statement that writes a row, about 4 µs each (a first
+/// execution writes twice), and idem never writes another status: a row of another
+/// status (written by hand) is read as an unreadable record, which fails its calls.
 pub(crate) const STATUS_CHECK: &str = "CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))";
 
 /// `CREATE TABLE IF NOT EXISTS` of the table written `table` (quoted), in the

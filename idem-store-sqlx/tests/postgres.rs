@@ -256,10 +256,11 @@ async fn the_insert_that_reads_judges_what_it_read() {
 /// naming the record, the body does not run again, and the row stays as it was.
 #[tokio::test]
 async fn a_status_written_by_hand_fails_its_calls_and_runs_nothing() {
-    let Some(store) = open_dyn().await else { return };
+    let Some(postgres) = open().await else { return };
+    let store: Store = Arc::new(postgres.clone());
     // A table an older version made still has the check.
     idem::sqlx::query("ALTER TABLE idempotent_record DROP CONSTRAINT IF EXISTS idempotent_record_status_check")
-        .execute(open().await.unwrap().pool())
+        .execute(postgres.pool())
         .await
         .unwrap();
     let key = conformance::unique("status");
@@ -280,7 +281,7 @@ async fn a_status_written_by_hand_fails_its_calls_and_runs_nothing() {
     let status: String =
         idem::sqlx::query_scalar("SELECT status::text FROM idempotent_record WHERE idempotent_key = $1")
             .bind(&key)
-            .fetch_one(open().await.unwrap().pool())
+            .fetch_one(postgres.pool())
             .await
             .unwrap();
     assert_eq!(status, "DONE", "the row stays");
