@@ -141,8 +141,13 @@ impl Outcome {
 }
 
 /// The span of one call of `biz` for `key`: `fence` and `outcome` are filled in as the
-/// call goes.
+/// call goes. None while no `tracing` subscriber was ever set: such a span would only
+/// be written to the `log` crate (tracing's `log` feature, which sqlx turns on) at its
+/// every entry and exit, and idem's events reach `log` without it.
 pub(crate) fn call_span(biz: &str, key: &str) -> tracing::Span {
+    if !tracing::dispatcher::has_been_set() {
+        return tracing::Span::none();
+    }
     let span = tracing::debug_span!(target: "idem", "idem.call", biz, key = Empty, fence = Empty, outcome = Empty);
     if !span.is_disabled() {
         span.record("key", shown_key(key).to_string().as_str());
@@ -246,9 +251,16 @@ fn record(key: &metrics::Key, value: Duration) {
     });
 }
 
+/// Fill in `field` of the call's span, where there can be one (see [`call_span`]).
+fn in_call_span(field: &str, value: impl tracing::Value) {
+    if tracing::dispatcher::has_been_set() {
+        tracing::Span::current().record(field, value);
+    }
+}
+
 /// The key is held, with `fence`; `took_over` when the claim took a record over.
 pub(crate) fn claimed(biz: &Biz, fence: u64, took_over: bool, claiming: Duration) {
-    tracing::Span::current().record("fence", fence);
+    in_call_span("fence", fence);
     if took_over {
         tracing::info!(target: "idem", biz = &**biz,
             fence,
@@ -285,7 +297,7 @@ pub(crate) fn waiting(biz: &Biz) {
 /// The call ended with `outcome`; its body ran for `body`, if it ran.
 pub(crate) fn finished(biz: &Biz, outcome: Outcome, body: Option<Duration>) {
     let label = outcome.label();
-    tracing::Span::current().record("outcome", label);
+    in_call_span("outcome", label);
     match outcome {
         Outcome::PayloadMismatch => tracing::info!(target: "idem", biz = &**biz,
             outcome = label,
