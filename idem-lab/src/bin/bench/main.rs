@@ -11,6 +11,7 @@
 //! cargo run --release -p idem-lab --bin bench -- --latency-only --memory-only  # … of MemoryStore alone
 //! cargo run --release -p idem-lab --bin bench -- --storm-only          # just the storms
 //! cargo run --release -p idem-lab --bin bench -- --replay-only         # a replay against a read by key
+//! cargo run --release -p idem-lab --bin bench -- --gap-only            # what idem adds to its store's calls
 //! cargo run --release -p idem-lab --bin bench -- --powertools-side     # idem on Redis, as the Powertools script measures
 //! ```
 //!
@@ -19,8 +20,9 @@
 //! and replay, replay through `CachedStore`; p50 and p99 of each. Then transactional
 //! mode against the same business transaction without idem, and the `Idempotency-Key`
 //! layer against the same axum handler without it, and a sealed store (`idem::seal`)
-//! against the same store unsealed. Then throughput of
-//! distinct keys with 1, 8 and 64 tasks, storms of 1,000 concurrent calls on one key (in
+//! against the same store unsealed, and idem's first execution against its store's two
+//! calls by hand (with, between them, nothing, a `MemoryStore` call, or a spin). Then
+//! throughput of distinct keys with 1, 8 and 64 tasks, storms of 1,000 concurrent calls on one key (in
 //! one process, and across four processes that share the key),
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
@@ -609,6 +611,7 @@ async fn memory_per_record() -> (u64, usize) {
     ((after.saturating_sub(before)) / n as u64, n)
 }
 
+mod gap;
 mod growth;
 mod http_layer;
 mod messages;
@@ -664,6 +667,10 @@ async fn main() {
         replay::report(&backends, calls).await;
         return;
     }
+    if args.iter().any(|a| a == "--gap-only") {
+        gap::report(&backends, calls).await;
+        return;
+    }
     if args.iter().any(|a| a == "--seal-only") {
         sealed::report(&backends, calls).await;
         return;
@@ -681,6 +688,7 @@ async fn main() {
     http_layer::report(&backends, calls).await;
     sealed::report(&backends, calls).await;
     replay::report(&backends, calls).await;
+    gap::report(&backends, calls).await;
     messages::report(calls).await;
     messages_nats::report(calls).await;
 
