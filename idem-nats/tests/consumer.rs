@@ -122,7 +122,10 @@ async fn a_poison_message_is_bounded_across_consumers_by_the_streams_count() {
     let consumer = || {
         Consumer::new(&url, name, "credit")
             .key(KeySource::Header("Order-Id".into()))
-            .redeliver_after(Duration::from_millis(300))
+            // Longer than a fetch's pull request lives (1 s): a pull the first
+            // consumer left open when it stopped has expired before the message comes
+            // back, so it cannot take a delivery (and an attempt) nobody handles.
+            .redeliver_after(Duration::from_millis(1_500))
             .max_attempts(3)
     };
     let handler = |runs: Arc<Mutex<u32>>| {
