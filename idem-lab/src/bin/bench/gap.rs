@@ -39,11 +39,10 @@ pub async fn report(backends: &[Backend], calls: usize) {
             |variant, i| {
                 Box::pin(async move {
                     let key = format!("{run}-gap-{i}");
+                    let between = [Between::Nothing, Between::MemoryCall, Between::Spin];
                     match variant {
                         0 => drop(black_box(op.execute(key, bare(i as u64)).await.unwrap())),
-                        1 => by_hand(backend, &key, Between::Nothing, memory, i).await,
-                        2 => by_hand(backend, &key, Between::MemoryCall, memory, i).await,
-                        _ => by_hand(backend, &key, Between::Spin, memory, i).await,
+                        by_hand_with => by_hand(backend, &key, between[by_hand_with - 1], memory, i).await,
                     }
                 })
             },

@@ -22,8 +22,8 @@
 //! layer against the same axum handler without it, and a sealed store (`idem::seal`)
 //! against the same store unsealed, and idem's first execution against its store's two
 //! calls by hand (with, between them, nothing, a `MemoryStore` call, or a spin). Then
-//! throughput of distinct keys with 1, 8 and 64 tasks, storms of 1,000 concurrent calls on one key (in
-//! one process, and across four processes that share the key),
+//! throughput of distinct keys with 1, 8 and 64 tasks, storms of 1,000 concurrent calls
+//! on one key (in one process, and across four processes that share the key),
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
 //! query plans that show the indexes at work.
