@@ -646,9 +646,19 @@ async fn main() {
     if args.iter().any(|a| a == "--memory-only") {
         backends.truncate(1);
     }
+    report(&args, calls, &backends).await;
+    drop(backends);
+    // The SQLite file the run made, with its journal files.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", sqlite_path()));
+    }
+}
+
+/// The tables `args` ask for, `calls` calls a row.
+async fn report(args: &[String], calls: usize, backends: &[Backend]) {
     println!("idem bench: {calls} calls a row, one run, release build; µs per call\n");
     if args.iter().any(|a| a == "--transactional-only") {
-        transactional::report(&backends, calls).await;
+        transactional::report(backends, calls).await;
         return;
     }
     if args.iter().any(|a| a == "--messages-only") {
@@ -657,45 +667,45 @@ async fn main() {
         return;
     }
     if args.iter().any(|a| a == "--http-only") {
-        http_layer::report(&backends, calls).await;
+        http_layer::report(backends, calls).await;
         return;
     }
     if args.iter().any(|a| a == "--storm-only") {
-        storm::report(&backends, &sqlite_path()).await;
+        storm::report(backends, &sqlite_path()).await;
         return;
     }
     if args.iter().any(|a| a == "--replay-only") {
-        replay::report(&backends, calls).await;
+        replay::report(backends, calls).await;
         return;
     }
     if args.iter().any(|a| a == "--gap-only") {
-        gap::report(&backends, calls).await;
+        gap::report(backends, calls).await;
         return;
     }
     if args.iter().any(|a| a == "--seal-only") {
-        sealed::report(&backends, calls).await;
+        sealed::report(backends, calls).await;
         return;
     }
     println!("| backend | what | p50 µs | p99 µs | first ÷ floor (p50) |");
     println!("|---|---|---|---|---|");
-    for backend in &backends {
+    for backend in backends {
         latency(backend, calls).await;
     }
     if args.iter().any(|a| a == "--latency-only") {
         return;
     }
 
-    transactional::report(&backends, calls).await;
-    http_layer::report(&backends, calls).await;
-    sealed::report(&backends, calls).await;
-    replay::report(&backends, calls).await;
-    gap::report(&backends, calls).await;
+    transactional::report(backends, calls).await;
+    http_layer::report(backends, calls).await;
+    sealed::report(backends, calls).await;
+    replay::report(backends, calls).await;
+    gap::report(backends, calls).await;
     messages::report(calls).await;
     messages_nats::report(calls).await;
 
     println!("\n| backend | distinct keys/s, 1 task | 8 tasks | 64 tasks |");
     println!("|---|---|---|---|");
-    for backend in &backends {
+    for backend in backends {
         let mut cells = Vec::new();
         for tasks in [1, 8, 64] {
             cells.push(format!("{:.0}", throughput(backend, tasks, calls * 2).await));
@@ -703,7 +713,7 @@ async fn main() {
         println!("| {} | {} |", backend.name, cells.join(" | "));
     }
 
-    storm::report(&backends, &sqlite_path()).await;
+    storm::report(backends, &sqlite_path()).await;
 
     let (bytes, n) = memory_per_record().await;
     println!(
@@ -711,6 +721,6 @@ async fn main() {
     );
 
     if args.iter().any(|a| a == "--growth") {
-        growth::report(&backends).await;
+        growth::report(backends).await;
     }
 }
