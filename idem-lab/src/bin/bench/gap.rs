@@ -31,6 +31,14 @@ enum Between {
     Spin(Duration),
 }
 
+/// What sits between the two calls by hand, in the order of the variants 1 to 4.
+const BY_HAND: [Between; 4] = [
+    Between::Nothing,
+    Between::MemoryCall,
+    Between::Spin(SPIN),
+    Between::Spin(LONG_SPIN),
+];
+
 /// The rows of every backend but memory.
 pub async fn report(backends: &[Backend], calls: usize) {
     println!("\n| backend | what | p50 µs | p99 µs | − claim and complete by hand (p50) |");
@@ -47,12 +55,6 @@ pub async fn report(backends: &[Backend], calls: usize) {
             |variant, i| {
                 Box::pin(async move {
                     let key = format!("{run}-gap-{i}");
-                    let between = [
-                        Between::Nothing,
-                        Between::MemoryCall,
-                        Between::Spin(SPIN),
-                        Between::Spin(LONG_SPIN),
-                    ];
                     match variant {
                         0 => drop(black_box(op.execute(key, bare(i as u64)).await.unwrap())),
                         5 => {
@@ -61,7 +63,7 @@ pub async fn report(backends: &[Backend], calls: usize) {
                             let receipt: Receipt = timed.execute(key, bare(i as u64)).await.unwrap();
                             black_box(receipt);
                         }
-                        by_hand_with => by_hand(backend, &key, between[by_hand_with - 1], memory, i).await,
+                        by_hand_with => by_hand(backend, &key, BY_HAND[by_hand_with - 1], memory, i).await,
                     }
                 })
             },

@@ -649,8 +649,9 @@ async fn main() {
     report(&args, calls, &backends).await;
     drop(backends);
     // The SQLite file the run made, with its journal files.
+    let file = sqlite_path();
     for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", sqlite_path()));
+        let _ = std::fs::remove_file(format!("{file}{suffix}"));
     }
 }
 
