@@ -155,6 +155,10 @@ impl Consumer {
     /// unacked deliveries go back to the queue); the next one consumes afresh. An idle
     /// queue costs one passive declare per `quiet`.
     ///
+    /// The same time bounds each settlement: an ack, nack or reject that the connection
+    /// has not taken by then is given up, and the broker delivers the message again (to
+    /// be answered from its record).
+    ///
     /// A standby consumer of a single-active-consumer queue is also sent nothing while
     /// messages wait for the active one: it reopens its session each time, harmlessly;
     /// give it a longer `quiet`.
@@ -353,11 +357,11 @@ impl Consumer {
     /// Ack, requeue after the pause, or apply the failure policy. A settlement that
     /// cannot reach the broker is only logged: the broker delivers the message again.
     async fn settle(&self, delivery: &Delivery, disposition: Disposition) {
-        let acker = &delivery.acker;
+        let (acker, limit) = (&delivery.acker, self.stall_check);
         let (counter, settled) = match (disposition, self.on_failure) {
             (Disposition::Ack, _) => (
                 (&self.stats.acked, "acked"),
-                acker.ack(BasicAckOptions::default()).await,
+                within(limit, acker.ack(BasicAckOptions::default())).await,
             ),
             (Disposition::Redeliver, _) => {
                 tokio::time::sleep(self.redeliver_after).await;
@@ -365,17 +369,23 @@ impl Consumer {
                     requeue: true,
                     ..BasicNackOptions::default()
                 };
-                ((&self.stats.requeued, "requeued"), acker.nack(requeue).await)
+                (
+                    (&self.stats.requeued, "requeued"),
+                    within(limit, acker.nack(requeue)).await,
+                )
             }
             (Disposition::Final, OnFailure::AckAndDrop) => (
                 (&self.stats.failed, "failed"),
-                acker.ack(BasicAckOptions::default()).await,
+                within(limit, acker.ack(BasicAckOptions::default())).await,
             ),
             // `DeadLetter`, and whatever policy a later version adds: the message is
             // kept by the broker's dead-letter route rather than dropped.
             (Disposition::Final, _) => {
                 let reject = BasicRejectOptions { requeue: false };
-                ((&self.stats.failed, "failed"), acker.reject(reject).await)
+                (
+                    (&self.stats.failed, "failed"),
+                    within(limit, acker.reject(reject)).await,
+                )
             }
         };
         match settled {
@@ -390,6 +400,38 @@ impl Consumer {
             Err(error) => {
                 warn!(queue = %self.queue, %error, "could not settle a delivery; the broker will deliver it again")
             }
+        }
+    }
+}
+
+/// A settlement (an ack, a nack or a reject) as lapin answers it, given up after `limit`.
+///
+/// lapin can leave a settlement unanswered for ever: one sent just as its channel dies
+/// may be dropped with its answer still awaited. A delivery whose settlement never
+/// returns stays in hand; it keeps its session from ending, and with the prefetch full
+/// nothing more is delivered to it. Given up, the delivery is the broker's to deliver
+/// again, as when the settlement fails.
+async fn within(limit: Duration, settlement: impl Future<Output = lapin::Result<bool>>) -> Result<bool, Unsettled> {
+    match tokio::time::timeout(limit, settlement).await {
+        Ok(answer) => answer.map_err(Unsettled::Failed),
+        Err(_) => Err(Unsettled::Unanswered(limit)),
+    }
+}
+
+/// Why a settlement did not reach the broker.
+#[derive(Debug)]
+enum Unsettled {
+    /// lapin said it failed.
+    Failed(lapin::Error),
+    /// lapin had not answered within this time.
+    Unanswered(Duration),
+}
+
+impl std::fmt::Display for Unsettled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unsettled::Failed(error) => error.fmt(f),
+            Unsettled::Unanswered(limit) => write!(f, "no answer within {limit:.1?}: the connection is taken for dead"),
         }
     }
 }
@@ -438,4 +480,31 @@ fn delivered_before(delivery: &Delivery) -> u32 {
         _ => 0,
     };
     u32::try_from(count.max(0)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A settlement lapin never answers is given up after the limit: its delivery
+    /// leaves the session's hands.
+    #[tokio::test]
+    async fn a_settlement_never_answered_is_given_up() {
+        let limit = Duration::from_millis(50);
+        let given_up = tokio::time::timeout(Duration::from_secs(5), within(limit, std::future::pending()))
+            .await
+            .expect("a settlement never answered held its delivery");
+        assert!(
+            matches!(given_up, Err(Unsettled::Unanswered(l)) if l == limit),
+            "{given_up:?}"
+        );
+    }
+
+    /// An answered settlement is passed on as lapin gave it.
+    #[tokio::test]
+    async fn an_answered_settlement_is_passed_on() {
+        let limit = Duration::from_secs(5);
+        assert!(matches!(within(limit, async { Ok(true) }).await, Ok(true)));
+        assert!(matches!(within(limit, async { Ok(false) }).await, Ok(false)));
+    }
 }

@@ -220,6 +220,77 @@ async fn a_session_gone_silent_is_replaced() {
     stalled_session_replaced(&url, "idem.test.silent", proxy::Swallowing::swallow_everything).await;
 }
 
+/// The connection dies (the proxy closes both sockets, as a broker node that died does)
+/// while a delivery's body runs; the body finishes after it, and its ack has no
+/// connection left to go out on. The session ends all the same, the consumer goes on
+/// on a new one, and the message, delivered again, is answered from its record: every
+/// message runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_settled_after_its_connection_died_does_not_hold_the_session() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.cut";
+    let channel = fresh_queue(&url, queue).await;
+    const MESSAGES: u64 = 20;
+    for i in 0..MESSAGES {
+        publish(&channel, queue, Some(&format!("order-{i}")), br#"{"points": 1}"#).await;
+    }
+    let proxy = proxy::Swallowing::start(&url).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let op = Idempotent::new(queue).store(Arc::new(MemoryStore::new()));
+    // The first body tells it runs, and finishes 200 ms after the cut.
+    let (in_body, cut) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let handler = {
+        let (runs, in_body, cut) = (runs.clone(), in_body.clone(), cut.clone());
+        move |message: Message<Value>| -> Answer {
+            let (op, runs, in_body, cut) = (op.clone(), runs.clone(), in_body.clone(), cut.clone());
+            Box::pin(async move {
+                op.execute(&message.key, async {
+                    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        in_body.notify_one();
+                        cut.notified().await;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Ok(json!({"credited": message.body["points"]}))
+                })
+                .await
+            })
+        }
+    };
+    let consumer = Consumer::new(proxy.url(), queue)
+        .prefetch(1)
+        .stall_check(Duration::from_millis(500));
+    let _stop = spawn(consumer.clone(), handler);
+    tokio::time::timeout(Duration::from_secs(20), in_body.notified())
+        .await
+        .expect("the first body ran");
+    proxy.cut();
+    cut.notify_one();
+    let stats = until(&consumer, |s| s.acked >= MESSAGES).await;
+    replaced_and_each_run_once(&channel, queue, &runs, MESSAGES, &stats).await;
+    println!("{queue}: {MESSAGES} messages, the connection cut under a running body: {stats:?}");
+}
+
+/// After a lost session: it was replaced, each of the `messages` ran one body, and
+/// none is left in the queue.
+async fn replaced_and_each_run_once(
+    channel: &Channel,
+    queue: &str,
+    runs: &AtomicU32,
+    messages: u64,
+    stats: &ConsumerStats,
+) {
+    assert!(stats.sessions_lost >= 1, "the lost session was replaced: {stats:?}");
+    assert_eq!(
+        u64::from(runs.load(Ordering::SeqCst)),
+        messages,
+        "one body per message: {stats:?}"
+    );
+    assert_eq!(waiting(channel, queue).await, 0);
+}
+
 /// 200 messages consumed through a proxy that starts to `swallow` part of what the
 /// broker sends the first session once a quarter are acked: each runs once, and the
 /// session is replaced.
@@ -241,13 +312,7 @@ async fn stalled_session_replaced(url: &str, queue: &'static str, swallow: fn(&p
     swallow(&proxy);
     let stats = until(&consumer, |s| s.acked >= MESSAGES).await;
     assert!(proxy.swallowed() > 0, "the proxy swallowed nothing: {stats:?}");
-    assert!(stats.sessions_lost >= 1, "the stalled session was replaced: {stats:?}");
-    assert_eq!(
-        u64::from(runs.load(Ordering::SeqCst)),
-        MESSAGES,
-        "one body per message: {stats:?}"
-    );
-    assert_eq!(waiting(&channel, queue).await, 0);
+    replaced_and_each_run_once(&channel, queue, &runs, MESSAGES, &stats).await;
     println!(
         "{queue}: {MESSAGES} messages, {} frames swallowed on the first session: {stats:?}",
         proxy.swallowed()

@@ -69,10 +69,12 @@ async fn the_node_a_consumer_is_on_killed_mid_load_costs_no_second_effect() {
 
     let credit = Idempotent::new("amqp.cluster").store(Arc::new(MemoryStore::new()));
     let effects: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-    // The consumer connects to the first node that answers: the first.
+    // The consumer connects to the first node that answers: the first. A settlement
+    // lapin leaves unanswered as the node dies is given up after `stall_check`.
     let consumer = Consumer::new(urls.clone(), queue)
         .prefetch(20)
-        .redeliver_after(Duration::from_millis(50));
+        .redeliver_after(Duration::from_millis(50))
+        .stall_check(Duration::from_secs(2));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn({
         let (consumer, credit, effects) = (consumer.clone(), credit.clone(), effects.clone());

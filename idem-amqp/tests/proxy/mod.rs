@@ -7,6 +7,9 @@
 //!   consumer when it counts deliveries as made that never reached it;
 //! - everything: a connection gone silent in one direction (a middlebox dropping a
 //!   flow's packets).
+//!
+//! It can also cut the first connection: both sockets closed at once, what the client
+//! sees of a broker node that died.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +37,7 @@ struct Switch {
     deliveries: Arc<AtomicBool>,
     everything: Arc<AtomicBool>,
     swallowed: Arc<AtomicU64>,
+    cut: Arc<tokio::sync::Notify>,
 }
 
 impl Swallowing {
@@ -78,6 +82,11 @@ impl Swallowing {
         self.switch.everything.store(true, Ordering::SeqCst);
     }
 
+    /// Close the first connection's two sockets now.
+    pub fn cut(&self) {
+        self.switch.cut.notify_one();
+    }
+
     /// How many frames were swallowed: every one when swallowing everything; one per
     /// delivery when swallowing deliveries (its content frames not counted).
     pub fn swallowed(&self) -> u64 {
@@ -85,14 +94,23 @@ impl Swallowing {
     }
 }
 
-/// Carry one connection both ways until either side closes; the broker's frames one by
-/// one, swallowed as the first connection's `swallow` says.
+/// Carry one connection both ways until either side closes (or the first connection
+/// is cut); the broker's frames one by one, swallowed as the first connection's
+/// `swallow` says.
 async fn carry(client: TcpStream, broker: TcpStream, swallow: Option<Switch>) {
     let (mut from_client, to_client) = client.into_split();
     let (from_broker, mut to_broker) = broker.into_split();
+    let cut = swallow.as_ref().map(|switch| switch.cut.clone());
+    let cut = async {
+        match cut {
+            Some(cut) => cut.notified().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         _ = tokio::io::copy(&mut from_client, &mut to_broker) => {}
         _ = downward(from_broker, to_client, swallow) => {}
+        () = cut => {}
     }
 }
 
