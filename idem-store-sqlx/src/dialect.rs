@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::notice::Notice;
-use idem_runtime::{Claim, Lease, LeaseClock, Record, StoreError};
+use idem_runtime::{Claim, FenceCheck, Lease, LeaseClock, Record, StoreError};
 use sqlx::{Database, Encode, Executor, IntoArguments, Pool, Type};
 use tokio::sync::OnceCell;
 
@@ -47,9 +47,12 @@ pub(crate) struct Parts<DB: Database> {
     pub listening: Arc<OnceCell<crate::listen::Listening>>,
     /// Set once the table's shape was checked (at `migrate` or the first claim).
     pub table_checked: Arc<OnceCell<()>>,
-    /// The statement `get` runs, when the server needs another than `sql.get` (a causal
-    /// read on a Galera node): learned with the table's check.
-    pub learned_get: Arc<OnceLock<String>>,
+    /// The statements as a server that applies its cluster's commits after they return
+    /// (a Galera node) needs them, learned with the table's check: each waits until the
+    /// server has applied what the cluster committed before it. Every read of a record
+    /// runs so; a holder write the server refused runs so again, since a lagging node
+    /// may not have the lease's claim yet.
+    pub causal: Arc<OnceLock<Arc<Statements>>>,
 }
 
 impl<DB: Database> Parts<DB> {
@@ -68,6 +71,24 @@ impl<DB: Database> Parts<DB> {
     }
 }
 
+impl<DB: Database> Parts<DB> {
+    /// Run a holder write with the shared statements; refused where the server applies
+    /// its cluster's commits late, run it again with the statements that wait for
+    /// them. A node behind the cluster may not have the lease's claim yet: its refusal
+    /// says nothing of the lease until it has caught up. (A write it let through on an
+    /// old row needs no second look: the cluster rolls it back at certification.)
+    pub async fn held<'s, F, Fut>(&'s self, write: F) -> Result<FenceCheck, StoreError>
+    where
+        F: Fn(&'s Statements) -> Fut,
+        Fut: Future<Output = Result<FenceCheck, StoreError>>,
+    {
+        match (write(&self.sql).await, self.causal.get()) {
+            (Ok(FenceCheck::Lost), Some(causal)) => write(causal).await,
+            (written, _) => written,
+        }
+    }
+}
+
 impl<DB: Database> Clone for Parts<DB> {
     fn clone(&self) -> Self {
         Self {
@@ -82,7 +103,7 @@ impl<DB: Database> Clone for Parts<DB> {
             #[cfg(feature = "postgres")]
             listening: self.listening.clone(),
             table_checked: self.table_checked.clone(),
-            learned_get: self.learned_get.clone(),
+            causal: self.causal.clone(),
         }
     }
 }
@@ -329,7 +350,7 @@ pub(crate) trait Dialect: Stored {
     /// The statement `get` runs: the shared one, unless the server needs another.
     fn get_statement(&self) -> &str {
         let parts = self.parts();
-        parts.learned_get.get().unwrap_or(&parts.sql.get)
+        parts.causal.get().map_or(&parts.sql.get, |causal| &causal.get)
     }
 }
 
@@ -364,7 +385,7 @@ pub(crate) fn on_table_judged_by<D: Dialect>(pool: Pool<D::Db>, name: String, cl
         purge_sql: D::purge_statement(&table, clock).into(),
         strip_sql: D::strip_statement(&table, clock).into(),
         table_checked: Arc::default(),
-        learned_get: Arc::default(),
+        causal: Arc::default(),
         #[cfg(feature = "postgres")]
         listening: Arc::default(),
     })

@@ -18,6 +18,7 @@
 //! condition's value (see the comment in `build`). A finished record's `lease_until`
 //! is its completion time, never NULL, which that order relies on.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
@@ -46,7 +47,9 @@ use crate::transaction::impl_transaction_database;
 /// answers with it, holder writes rolled back that way run again, and every read waits
 /// until the node has applied what the cluster committed before it (`SET STATEMENT
 /// wsrep_sync_wait = 1 FOR SELECT …`), so a duplicate sent to another node replays the
-/// first answer. See `docs/RELIABILITY.md` ("Clusters").
+/// first answer. A holder write the node refuses is run again the same way (`= 2 FOR
+/// UPDATE …`): a node that lags behind the cluster may not have the claim yet, and its
+/// refusal would drop a finished call's outcome. See `docs/RELIABILITY.md` ("Clusters").
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
     parts: Parts<sqlx::MySql>,
@@ -490,17 +493,32 @@ impl Dialect for MySqlStore {
         }
         if galera {
             if setting("version").is_some_and(|v| v.contains("MariaDB")) {
-                let _ = self
-                    .parts
-                    .learned_get
-                    .set(format!("SET STATEMENT wsrep_sync_wait = 1 FOR {}", self.parts.sql.get));
+                let _ = self.parts.causal.set(Arc::new(causal(&self.parts.sql)));
             } else {
-                tracing::warn!(target: "idem", "the MySQL server is a Galera node: set wsrep_sync_wait = 1 for idem's connections, or a \
-                     duplicate sent to another node may see the first call's record late"
+                tracing::warn!(target: "idem", "the MySQL server is a Galera node: set wsrep_sync_wait = 3 for idem's connections, or a \
+                     duplicate sent to another node may see the first call's record late, and a holder's write may be refused \
+                     on a node that has not applied its claim yet"
                 );
             }
         }
         Ok(())
+    }
+}
+
+/// `sql` with its read of a record and its holder writes waiting, each, until the
+/// Galera node has applied what the cluster committed before it (`wsrep_sync_wait`: 1
+/// for a `SELECT`, 2 for an `UPDATE` or a `DELETE`).
+fn causal(sql: &Statements) -> Statements {
+    let wait = |bit: u8, statement: &str| format!("SET STATEMENT wsrep_sync_wait = {bit} FOR {statement}");
+    Statements {
+        get: wait(1, &sql.get),
+        renew: wait(2, &sql.renew),
+        complete: wait(2, &sql.complete),
+        fail: wait(2, &sql.fail),
+        release: wait(2, &sql.release),
+        park: wait(2, &sql.park),
+        record_steps: wait(2, &sql.record_steps),
+        ..sql.clone()
     }
 }
 

@@ -54,12 +54,12 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 lease_for: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let sql = &self.parts.sql;
-                let renew = || {
-                    let renew = sql.query(&sql.renew);
-                    Self::bind_after(sql, Self::bind_after(sql, renew, now, lease_for), now, lease_for)
-                };
-                self.write_held_on_pool("renew", renew, lease).await
+                self.write_held_on_pool(
+                    "renew",
+                    |sql| Self::bind_after(sql, Self::bind_after(sql, sql.query(&sql.renew), now, lease_for), now, lease_for),
+                    lease,
+                )
+                .await
             }
 
             async fn complete(
@@ -69,8 +69,8 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let complete = || Self::finish(&self.parts.sql, &self.parts.sql.complete, response, now, ttl, lease);
-                self.write_held_on_pool("complete", complete, lease).await
+                self.write_held_on_pool("complete", |sql| Self::finish(sql, &sql.complete, response, now, ttl, lease), lease)
+                    .await
             }
 
             async fn fail(
@@ -80,21 +80,23 @@ macro_rules! impl_idempotency_store {
                 now: std::time::SystemTime,
                 ttl: std::time::Duration,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let fail = || Self::finish(&self.parts.sql, &self.parts.sql.fail, message, now, ttl, lease);
-                self.write_held_on_pool("fail", fail, lease).await
+                self.write_held_on_pool("fail", |sql| Self::finish(sql, &sql.fail, message, now, ttl, lease), lease)
+                    .await
             }
 
             async fn release(
                 &self,
                 lease: &idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let released = crate::rollback::retrying(|| async {
-                    let mut lent = crate::pooler::Lent::new(self.connection("release").await?);
-                    let conn = &mut *lent.conn;
-                    crate::pooler::within!(self.parts.sql.prepared, "release", Some(&mut lent.settled), conn => {
-                        Self::release_in(conn, &self.parts.sql, lease)
+                let released = self.parts.held(|sql| {
+                    crate::rollback::retrying(move || async move {
+                        let mut lent = crate::pooler::Lent::new(self.connection("release").await?);
+                        let conn = &mut *lent.conn;
+                        crate::pooler::within!(sql.prepared, "release", Some(&mut lent.settled), conn => {
+                            Self::release_in(conn, sql, lease)
+                        })
+                        .await
                     })
-                    .await
                 });
                 crate::connection::explained(&self.parts.pool, released.await).await
             }
@@ -104,8 +106,8 @@ macro_rules! impl_idempotency_store {
                 lease: &idem_runtime::Lease,
                 steps: &str,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let record_steps = || self.parts.sql.query(&self.parts.sql.record_steps).bind(steps);
-                self.write_held_on_pool("record_steps", record_steps, lease).await
+                self.write_held_on_pool("record_steps", |sql| sql.query(&sql.record_steps).bind(steps), lease)
+                    .await
             }
 
             fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -235,19 +237,25 @@ macro_rules! impl_idempotency_store {
                 crate::row::Stamp::of(at)
             }
 
-            /// A holder write on the store's pool: `query` bound to the lease, run again
-            /// while the server rolls it back (see `rollback.rs`).
+            /// A holder write on the store's pool: `query` (of the statements it is
+            /// given) bound to the lease, run again while the server rolls it back (see
+            /// `rollback.rs`), and once more after a refusal where the server applies its
+            /// cluster's commits late ([`Parts::held`](crate::dialect::Parts::held)).
             async fn write_held_on_pool<'q>(
                 &'q self,
                 operation: &'static str,
-                query: impl Fn() -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
+                query: impl Fn(
+                    &'q crate::statements::Statements,
+                ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments<'q>>,
                 lease: &'q idem_runtime::Lease,
             ) -> Result<idem_runtime::FenceCheck, idem_runtime::StoreError> {
-                let written = crate::rollback::retrying(|| {
-                    crate::pooler::on_pool!(self.parts, operation, conn => Self::write_held(conn, operation, query(), lease))
-                })
-                .await;
-                crate::connection::explained(&self.parts.pool, written).await
+                let written = self.parts.held(|sql| {
+                    let query = &query;
+                    crate::rollback::retrying(move || {
+                        crate::pooler::on_pool!(self.parts, operation, conn => Self::write_held(conn, operation, query(sql), lease))
+                    })
+                });
+                crate::connection::explained(&self.parts.pool, written.await).await
             }
 
             /// Bind the lease to a holder write and run it on `executor` (the pool, or

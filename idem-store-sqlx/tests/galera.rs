@@ -270,14 +270,7 @@ async fn a_duplicate_on_another_node_replays_the_first_answer() {
 async fn a_lagging_node_answers_with_the_finished_record() {
     let _cluster = CLUSTER.lock().await;
     let Some(nodes) = nodes().await else { return };
-    sqlx::query("CREATE TABLE IF NOT EXISTS galera_ballast (id BIGINT AUTO_INCREMENT PRIMARY KEY, pad TEXT NOT NULL)")
-        .execute(nodes[0].pool())
-        .await
-        .unwrap();
-    sqlx::query("TRUNCATE TABLE galera_ballast")
-        .execute(nodes[0].pool())
-        .await
-        .unwrap();
+    ballast(&nodes[0]).await;
     let biz = conformance::unique("galera-lag");
     for round in 0..3 {
         let key = format!("k{round}");
@@ -286,10 +279,7 @@ async fn a_lagging_node_answers_with_the_finished_record() {
         };
         // Node 2 has the claim; then gets a large write set to apply, and the completion after it.
         assert!(nodes[1].get(&biz, &key).await.unwrap().is_some());
-        sqlx::query("INSERT INTO galera_ballast (pad) SELECT REPEAT('x', 200) FROM seq_1_to_100000")
-            .execute(nodes[0].pool())
-            .await
-            .unwrap();
+        add_ballast(&nodes[0]).await;
         let now = idem::store::now();
         let done = nodes[0]
             .complete(&lease, "\"paid\"", now, Duration::from_secs(3600))
@@ -304,6 +294,66 @@ async fn a_lagging_node_answers_with_the_finished_record() {
             other => panic!("round {round}: {other:?}"),
         }
     }
+}
+
+/// A holder whose connection lands on a node still applying the cluster's writes
+/// (behind a proxy, after a failover) finds its own lease there: each holder write
+/// waits until the node has applied what the cluster committed before it, so the claim
+/// made through another node is there to match. (Were it judged on what the node had
+/// applied, the claim would be missing, the write refused as if the key had been taken
+/// over, the outcome dropped — and the key run again once the lease lapsed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_write_on_a_lagging_node_finds_its_lease() {
+    let _cluster = CLUSTER.lock().await;
+    let Some(nodes) = nodes().await else { return };
+    ballast(&nodes[0]).await;
+    let biz = conformance::unique("galera-lag-write");
+    let hour = Duration::from_secs(3600);
+    for (round, operation) in ["renew", "record_steps", "complete", "fail", "release"]
+        .into_iter()
+        .enumerate()
+    {
+        let key = format!("k{round}");
+        // Node 2 gets a large write set to apply, and the claim after it.
+        add_ballast(&nodes[0]).await;
+        let ClaimOutcome::Acquired(lease) = nodes[0].claim(&claim_of(&biz, &key)).await.unwrap() else {
+            panic!("first claim")
+        };
+        let now = idem::store::now();
+        let written = match operation {
+            "renew" => nodes[1].renew(&lease, now, Duration::from_secs(30)).await,
+            "record_steps" => nodes[1].record_steps(&lease, "{}").await,
+            "complete" => nodes[1].complete(&lease, "\"paid\"", now, hour).await,
+            "fail" => nodes[1].fail(&lease, "declined", now, hour).await,
+            _ => nodes[1].release(&lease).await,
+        };
+        assert_eq!(
+            written.unwrap(),
+            FenceCheck::Held,
+            "{operation} on the lagging node was refused: it judged the lease before applying the claim"
+        );
+    }
+}
+
+/// A table on `node` whose large inserts keep the other nodes applying for a while.
+async fn ballast(node: &MySqlStore) {
+    sqlx::query("CREATE TABLE IF NOT EXISTS galera_ballast (id BIGINT AUTO_INCREMENT PRIMARY KEY, pad TEXT NOT NULL)")
+        .execute(node.pool())
+        .await
+        .unwrap();
+    sqlx::query("TRUNCATE TABLE galera_ballast")
+        .execute(node.pool())
+        .await
+        .unwrap();
+}
+
+/// One large insert through `node`: it returns once certified, long before the other
+/// nodes have applied it.
+async fn add_ballast(node: &MySqlStore) {
+    sqlx::query("INSERT INTO galera_ballast (pad) SELECT REPEAT('x', 200) FROM seq_1_to_100000")
+        .execute(node.pool())
+        .await
+        .unwrap();
 }
 
 // --- A node killed in the middle of a storm -----------------------------------------

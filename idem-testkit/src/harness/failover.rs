@@ -10,8 +10,12 @@ use std::time::{Duration, Instant};
 use idem::{IdempotencyStore, Idempotent};
 
 /// What a storm saw.
-#[derive(Default)]
 pub struct Storm {
+    /// When the storm began: the instants in `attempts` are counted from it.
+    began: Instant,
+    /// Every call's attempts, by key: who called, when it started and ended, and what
+    /// it came to, so that a key that ran twice can be told step by step.
+    attempts: Mutex<HashMap<usize, Vec<Attempt>>>,
     /// What each body that finished returned, by key.
     finished: Mutex<HashMap<usize, Vec<String>>>,
     /// What each caller got.
@@ -22,12 +26,28 @@ pub struct Storm {
     failures: Mutex<std::collections::BTreeMap<String, usize>>,
 }
 
+/// One attempt of one call.
+#[derive(Clone, Debug)]
+struct Attempt {
+    task: String,
+    started: Duration,
+    ended: Duration,
+    outcome: String,
+}
+
 impl Storm {
     /// `tasks` tasks call `keys` keys (`k0`, `k1`, …) through `op`: two tasks start on
     /// each key together, the others meet it later. An error is retried after 50 ms, for
     /// up to a minute per key.
     pub fn start(op: Arc<Idempotent>, tasks: usize, keys: usize) -> (Arc<Storm>, Vec<tokio::task::JoinHandle<()>>) {
-        let storm = Arc::new(Storm::default());
+        let storm = Arc::new(Storm {
+            began: Instant::now(),
+            attempts: Mutex::default(),
+            finished: Mutex::default(),
+            answers: Mutex::default(),
+            errors: AtomicUsize::new(0),
+            failures: Mutex::default(),
+        });
         let handles = (0..tasks)
             .map(|task| {
                 let (op, storm) = (op.clone(), storm.clone());
@@ -45,14 +65,30 @@ impl Storm {
     async fn call(self: &Arc<Self>, op: &Idempotent, k: usize, token: String) {
         let since = Instant::now();
         loop {
-            let (storm, token) = (self.clone(), token.clone());
+            let (storm, body_token) = (self.clone(), token.clone());
+            let started = self.began.elapsed();
             let outcome: Result<String, idem::Error> = op
                 .execute(&format!("k{k}"), async move {
                     tokio::time::sleep(Duration::from_millis(2)).await;
-                    storm.finished.lock().unwrap().entry(k).or_default().push(token.clone());
-                    Ok(token)
+                    storm
+                        .finished
+                        .lock()
+                        .unwrap()
+                        .entry(k)
+                        .or_default()
+                        .push(body_token.clone());
+                    Ok(body_token)
                 })
                 .await;
+            self.attempts.lock().unwrap().entry(k).or_default().push(Attempt {
+                task: token.clone(),
+                started,
+                ended: self.began.elapsed(),
+                outcome: match &outcome {
+                    Ok(answer) => format!("answered {answer}"),
+                    Err(error) => idem::error_chain(error),
+                },
+            });
             match outcome {
                 Ok(answer) => {
                     self.answers.lock().unwrap().push((k, answer));
@@ -84,6 +120,30 @@ impl Storm {
             .collect()
     }
 
+    /// Key `k`'s attempts, one a line, in the order they ended.
+    fn told(&self, k: usize) -> String {
+        let attempts = self.attempts.lock().unwrap();
+        // A caller's attempts in a row that came to the same are one line.
+        let mut runs: Vec<(Attempt, usize)> = Vec::new();
+        let mut latest: HashMap<&str, usize> = HashMap::new();
+        for a in attempts.get(&k).map(Vec::as_slice).unwrap_or_default() {
+            match latest.get(a.task.as_str()).map(|&i| &mut runs[i]) {
+                Some((last, n)) if last.outcome == a.outcome => {
+                    last.ended = a.ended;
+                    *n += 1;
+                }
+                _ => {
+                    latest.insert(&a.task, runs.len());
+                    runs.push((a.clone(), 1));
+                }
+            }
+        }
+        let line = |(a, n): &(Attempt, usize)| {
+            format!("  {} {:.3?}..{:.3?} ({n}×): {}", a.task, a.started, a.ended, a.outcome)
+        };
+        runs.iter().map(line).collect::<Vec<_>>().join("\n")
+    }
+
     /// Answers given so far.
     pub fn answered(&self) -> usize {
         self.answers.lock().unwrap().len()
@@ -111,8 +171,9 @@ impl Storm {
             assert_eq!(
                 runs.len(),
                 1,
-                "key {k}: the body finished {} times: {runs:?}",
-                runs.len()
+                "key {k}: the body finished {} times: {runs:?}; its attempts:\n{}",
+                runs.len(),
+                self.told(k)
             );
         }
         for (k, answer) in &answers {
