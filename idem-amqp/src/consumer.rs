@@ -15,6 +15,7 @@ use lapin::Channel;
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
+use crate::answer::within;
 use crate::connection::{self, Broker, Setup};
 use crate::message::{KeySource, Message};
 use crate::observe;
@@ -404,38 +405,6 @@ impl Consumer {
     }
 }
 
-/// A settlement (an ack, a nack or a reject) as lapin answers it, given up after `limit`.
-///
-/// lapin can leave a settlement unanswered for ever: one sent just as its channel dies
-/// may be dropped with its answer still awaited. A delivery whose settlement never
-/// returns stays in hand; it keeps its session from ending, and with the prefetch full
-/// nothing more is delivered to it. Given up, the delivery is the broker's to deliver
-/// again, as when the settlement fails.
-async fn within(limit: Duration, settlement: impl Future<Output = lapin::Result<bool>>) -> Result<bool, Unsettled> {
-    match tokio::time::timeout(limit, settlement).await {
-        Ok(answer) => answer.map_err(Unsettled::Failed),
-        Err(_) => Err(Unsettled::Unanswered(limit)),
-    }
-}
-
-/// Why a settlement did not reach the broker.
-#[derive(Debug)]
-enum Unsettled {
-    /// lapin said it failed.
-    Failed(lapin::Error),
-    /// lapin had not answered within this time.
-    Unanswered(Duration),
-}
-
-impl std::fmt::Display for Unsettled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unsettled::Failed(error) => error.fmt(f),
-            Unsettled::Unanswered(limit) => write!(f, "no answer within {limit:.1?}: the connection is taken for dead"),
-        }
-    }
-}
-
 /// Why a session ended.
 #[derive(Debug)]
 enum SessionEnd {
@@ -480,31 +449,4 @@ fn delivered_before(delivery: &Delivery) -> u32 {
         _ => 0,
     };
     u32::try_from(count.max(0)).unwrap_or(u32::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A settlement lapin never answers is given up after the limit: its delivery
-    /// leaves the session's hands.
-    #[tokio::test]
-    async fn a_settlement_never_answered_is_given_up() {
-        let limit = Duration::from_millis(50);
-        let given_up = tokio::time::timeout(Duration::from_secs(5), within(limit, std::future::pending()))
-            .await
-            .expect("a settlement never answered held its delivery");
-        assert!(
-            matches!(given_up, Err(Unsettled::Unanswered(l)) if l == limit),
-            "{given_up:?}"
-        );
-    }
-
-    /// An answered settlement is passed on as lapin gave it.
-    #[tokio::test]
-    async fn an_answered_settlement_is_passed_on() {
-        let limit = Duration::from_secs(5);
-        assert!(matches!(within(limit, async { Ok(true) }).await, Ok(true)));
-        assert!(matches!(within(limit, async { Ok(false) }).await, Ok(false)));
-    }
 }

@@ -89,6 +89,7 @@
 //! ([`observe`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod answer;
 mod connection;
 mod consumer;
 mod message;
@@ -112,7 +113,7 @@ pub use idem_messaging::OutboxDatabase;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub use idem_messaging::{DeadRow, InvalidTableName, Outbox, OutboxCounts, OutboxMessage, DEFAULT_TABLE};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-pub use relay::{AmqpBroker, AmqpSession, Relay, RelayError};
+pub use relay::{AmqpBroker, AmqpSession, Relay, RelayError, DEFAULT_CONFIRM_TIMEOUT};
 
 /// The AMQP client, re-exported as is: channels, declarations and options.
 pub use lapin;

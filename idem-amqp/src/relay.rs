@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::time::Duration;
 
 use idem_messaging::relay::{Failed, Published, Tally};
 use idem_messaging::OutboxRow;
@@ -11,7 +12,12 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ExchangeKind};
 
+use crate::answer::within;
 use crate::connection::{self, Setup};
+
+/// How long a relay waits for the broker to take a message and to confirm it, unless
+/// told otherwise ([`AmqpBroker::confirm_timeout`]).
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Publishes an outbox's rows to RabbitMQ: idem's [`Relay`](idem_messaging::Relay)
 /// over an [`AmqpBroker`].
@@ -52,6 +58,7 @@ pub type RelayError = idem_messaging::RelayError<lapin::Error>;
 pub struct AmqpBroker {
     broker: connection::Broker,
     declare: Option<Setup>,
+    confirm_timeout: Duration,
 }
 
 impl std::fmt::Debug for AmqpBroker {
@@ -59,6 +66,7 @@ impl std::fmt::Debug for AmqpBroker {
         f.debug_struct("AmqpBroker")
             .field("url", &idem_runtime::redacted_url(&self.broker.url))
             .field("declares", &self.declare.is_some())
+            .field("confirm_timeout", &self.confirm_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -70,7 +78,21 @@ impl AmqpBroker {
         AmqpBroker {
             broker: connection::Broker::new(amqp_url.into()),
             declare: None,
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
         }
+    }
+
+    /// How long the relay waits for the broker to take each message and to confirm it
+    /// before it takes the connection for dead (default [`DEFAULT_CONFIRM_TIMEOUT`],
+    /// 30 s). lapin can leave a publish or a confirm sent just as a node dies
+    /// unanswered for ever, and the outbox would wait behind it; given up, the round
+    /// fails, the next session starts on the next node, and the rows not confirmed are
+    /// published again (a duplicate the [`Consumer`](crate::Consumer) answers from its
+    /// record). Set it above the longest confirm the broker takes under load (a quorum
+    /// queue confirms once a majority of its nodes wrote the message to disk).
+    pub fn confirm_timeout(mut self, limit: Duration) -> Self {
+        self.confirm_timeout = limit;
+        self
     }
 
     /// The properties of each connection the relay opens (lapin's: client properties,
@@ -178,16 +200,14 @@ impl idem_messaging::Broker for AmqpBroker {
                 mandatory: true,
                 ..BasicPublishOptions::default()
             };
-            let confirm = session
-                .channel
-                .basic_publish(
-                    message.exchange.as_str().into(),
-                    message.routing_key.as_str().into(),
-                    mandatory,
-                    &message.payload,
-                    properties,
-                )
-                .await?;
+            let publish = session.channel.basic_publish(
+                message.exchange.as_str().into(),
+                message.routing_key.as_str().into(),
+                mandatory,
+                &message.payload,
+                properties,
+            );
+            let confirm = within(self.confirm_timeout, publish).await?;
             tally.published(1);
             pending.push((row, confirm));
         }
@@ -197,8 +217,8 @@ impl idem_messaging::Broker for AmqpBroker {
         // relay gave it, and only that row failed.
         let mut acked = Vec::with_capacity(pending.len());
         let mut returned = HashMap::new();
-        for (row, confirm) in pending {
-            match confirm.await? {
+        for (row, confirmation) in confirmations(pending, self.confirm_timeout).await? {
+            match confirmation {
                 Confirmation::Ack(None) => acked.push(row),
                 Confirmation::Ack(Some(message)) => {
                     tally.returned();
@@ -267,10 +287,67 @@ impl AmqpSession {
     }
 }
 
+/// Each row's confirm, awaited at most `limit`: an error as soon as one fails or stays
+/// unanswered (the session is then taken for dead, and the rows are published again in
+/// the next).
+async fn confirmations<R, C>(pending: Vec<(R, C)>, limit: Duration) -> Result<Vec<(R, Confirmation)>, lapin::Error>
+where
+    C: Future<Output = lapin::Result<Confirmation>>,
+{
+    let mut answered = Vec::with_capacity(pending.len());
+    for (row, confirm) in pending {
+        answered.push((row, within(limit, confirm).await?));
+    }
+    Ok(answered)
+}
+
 /// Whether the broker answered 404 NOT_FOUND.
 fn not_found(error: &lapin::Error) -> bool {
     matches!(
         error.kind(),
         lapin::ErrorKind::ProtocolError(amqp) if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A confirm the broker (or lapin) never answers fails the round after the limit,
+    /// instead of holding the outbox behind it.
+    #[tokio::test]
+    async fn a_confirm_never_answered_fails_the_round() {
+        let limit = Duration::from_millis(50);
+        let confirms = vec![
+            (
+                1,
+                futures_util::future::Either::Left(async { Ok(Confirmation::Ack(None)) }),
+            ),
+            (2, futures_util::future::Either::Right(std::future::pending())),
+        ];
+        let answered = tokio::time::timeout(Duration::from_secs(5), confirmations(confirms, limit))
+            .await
+            .expect("a confirm never answered held the round past its limit");
+        let error = answered.expect_err("a round with a confirm never answered succeeded");
+        assert!(error.to_string().contains("no answer within"), "{error}");
+    }
+
+    /// Answered confirms are handed back with their rows, in order.
+    #[tokio::test]
+    async fn answered_confirms_are_handed_back() {
+        let confirms = vec![
+            (
+                1,
+                futures_util::future::Either::Left(async { Ok(Confirmation::Ack(None)) }),
+            ),
+            (
+                2,
+                futures_util::future::Either::Right(async { Ok(Confirmation::NotRequested) }),
+            ),
+        ];
+        let answered = confirmations(confirms, Duration::from_secs(5)).await.unwrap();
+        let rows: Vec<_> = answered.iter().map(|(row, _)| *row).collect();
+        assert_eq!(rows, [1, 2]);
+        assert!(matches!(answered[1].1, Confirmation::NotRequested));
+    }
 }
