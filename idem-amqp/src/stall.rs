@@ -20,6 +20,8 @@ use lapin::types::FieldTable;
 use lapin::Channel;
 use tokio::time::Instant;
 
+use crate::answer::{within, Unanswered};
+
 /// What a session has heard and holds: when its last delivery came, and how many of
 /// its deliveries are in hand.
 pub(crate) struct Activity {
@@ -117,17 +119,17 @@ pub(crate) async fn watch(channel: &Channel, queue: &str, room: usize, quiet: Du
             continue;
         }
         let asked = channel.queue_declare(queue.into(), passive, FieldTable::default());
-        match tokio::time::timeout(quiet, asked).await {
-            Err(_) => return Stall::Unanswered { silent, waited: quiet },
-            Ok(Err(error)) => return Stall::Failed(error),
-            Ok(Ok(state)) if state.message_count() > 0 => {
+        match within(quiet, asked).await {
+            Err(Unanswered::Silent(waited)) => return Stall::Unanswered { silent, waited },
+            Err(Unanswered::Failed(error)) => return Stall::Failed(error),
+            Ok(state) if state.message_count() > 0 => {
                 return Stall::Withheld {
                     ready: state.message_count(),
                     silent,
                 }
             }
             // Nothing ready: silence is what an idle queue sounds like.
-            Ok(Ok(_)) => activity.heard(),
+            Ok(_) => activity.heard(),
         }
     }
 }
