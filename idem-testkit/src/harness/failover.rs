@@ -144,6 +144,27 @@ impl Storm {
         runs.iter().map(line).collect::<Vec<_>>().join("\n")
     }
 
+    /// The call that took longest, from its first attempt's start to its answer: its
+    /// key, how long, and the key's attempts (as a failed check tells them) — where a
+    /// storm that took long spent its time.
+    pub fn slowest(&self) -> Option<(usize, Duration, String)> {
+        let (k, took) = {
+            let attempts = self.attempts.lock().unwrap();
+            let mut calls: HashMap<(usize, &str), (Duration, Duration)> = HashMap::new();
+            for (k, attempts) in attempts.iter() {
+                for a in attempts {
+                    let call = calls.entry((*k, a.task.as_str())).or_insert((a.started, a.ended));
+                    *call = (call.0.min(a.started), call.1.max(a.ended));
+                }
+            }
+            calls
+                .into_iter()
+                .map(|((k, _), (start, end))| (k, end.saturating_sub(start)))
+                .max_by_key(|(_, took)| *took)?
+        };
+        Some((k, took, self.told(k)))
+    }
+
     /// Answers given so far.
     pub fn answered(&self) -> usize {
         self.answers.lock().unwrap().len()
