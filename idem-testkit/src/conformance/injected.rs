@@ -37,8 +37,9 @@ async fn held(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<
 }
 
 #[idempotent(key = key, biz = "injected.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
-async fn abandoning(store: &Store, key: &str) -> Result<(String, bool), AppError> {
+async fn abandoning(store: &Store, key: &str, started: &tokio::sync::Notify) -> Result<(String, bool), AppError> {
     let context = idem::context().expect("inside a call");
+    started.notify_one();
     let ended = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(10)) => "finished",
         () = context.lease_lost() => "abandoned",
@@ -294,14 +295,22 @@ pub async fn equal_payloads_fingerprint_equal(store: &Store) {
 /// A body whose lease was taken over learns it from its context.
 pub async fn lost_lease_is_signalled_to_the_body(store: &Store) {
     let faulty = FaultyStore::new(store);
-    faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
     let shared = faulty.shared();
     let key = unique("abandoned");
+    // The claim is slowed past a third of the lease, as a loaded machine slows it: the
+    // call renews before the body, and that renewal must not meet the fault.
+    faulty.inject(Op::Claim, Fault::Delay(Duration::from_millis(150)), 1);
+    let started = Arc::new(tokio::sync::Notify::new());
     let first = {
-        let (shared, key) = (shared.clone(), key.clone());
-        tokio::spawn(async move { abandoning(&shared, &key).await })
+        let (shared, key, started) = (shared.clone(), key.clone(), started.clone());
+        tokio::spawn(async move { abandoning(&shared, &key, &started).await })
     };
-    // Renewals fail, the 300 ms lease lapses, and another call takes the key over.
+    // Once the body runs, renewals fail, the 300 ms lease lapses, and another call
+    // takes the key over.
+    tokio::time::timeout(Duration::from_secs(5), started.notified())
+        .await
+        .expect("the first body started");
+    faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
     tokio::time::sleep(Duration::from_millis(450)).await;
     let runs = Runs::default();
     let taken = held(store, &key, &runs, Duration::ZERO).await.unwrap();
