@@ -278,7 +278,9 @@ async fn charge_returning_nan(store: &Store, key: &str, charges: &Runs) -> Resul
 /// the new holder runs it, once.
 pub async fn a_step_does_not_start_once_the_lease_is_lost(store: &Store) {
     let faulty = FaultyStore::new(store);
-    faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
+    // The claim is slowed past a third of the lease, as a loaded machine slows it: the
+    // call renews before the body, and that renewal must not meet the fault.
+    faulty.inject(Op::Claim, Fault::Delay(Duration::from_millis(150)), 1);
     let shared = faulty.shared();
     let key = unique("steps-lost");
     let (charges, texts) = (
@@ -289,7 +291,16 @@ pub async fn a_step_does_not_start_once_the_lease_is_lost(store: &Store) {
         let (shared, key, charges, texts) = (shared.clone(), key.clone(), charges.clone(), texts.clone());
         tokio::spawn(async move { charge_then_sms_after_losing(&shared, &key, &charges, &texts, true).await })
     };
-    // Renewals fail, the 300 ms lease lapses, and another call takes the key over.
+    // Once the body has charged, renewals fail, the 300 ms lease lapses, and another
+    // call takes the key over.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while charges.count() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first holder charged");
+    faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
     tokio::time::sleep(Duration::from_millis(450)).await;
     let taken = charge_then_sms_after_losing(store, &key, &charges, &texts, false)
         .await
