@@ -62,6 +62,18 @@ impl Runs {
     pub fn count(&self) -> u32 {
         self.0.load(Ordering::SeqCst)
     }
+    /// Once the body has run at least once (it started, where it counts first); a panic
+    /// naming `what` after 5 s.
+    pub async fn started(&self, what: &str) {
+        let started = async {
+            while self.count() == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), started)
+            .await
+            .unwrap_or_else(|_| panic!("{what} did not start within 5 s"));
+    }
 }
 
 /// What a charge answers.

@@ -419,13 +419,16 @@ pub async fn durations_are_bounded_by_what_stores_hold(store: &Store) {
 pub async fn store_failures_while_holding_keep_the_key(store: &Store) {
     let faulty = FaultyStore::new(store);
     let shared = faulty.shared();
-    // Three failed renewals: retried at a quarter beat, the lease survives them.
-    faulty.inject(Op::Renew, Fault::Fail, 3);
     let (key, runs) = (unique("renew-blips"), Arc::new(Runs::default()));
     let holder = {
         let (shared, key, runs) = (shared.clone(), key.clone(), runs.clone());
         tokio::spawn(async move { held(&shared, &key, &runs, Duration::from_millis(700)).await })
     };
+    // Once the body runs (a claim slowed past a third of the lease renews before it, and
+    // that renewal is not the heartbeat's), three renewals fail: retried at a quarter
+    // beat, the lease survives them.
+    runs.started("the holder's body").await;
+    faulty.inject(Op::Renew, Fault::Fail, 3);
     tokio::time::sleep(Duration::from_millis(350)).await;
     let error = held(&shared, &key, &runs, Duration::ZERO).await.unwrap_err().idem();
     assert!(matches!(error, Error::InProgress { .. }), "{error:?}");

@@ -293,13 +293,7 @@ pub async fn a_step_does_not_start_once_the_lease_is_lost(store: &Store) {
     };
     // Once the body has charged, renewals fail, the 300 ms lease lapses, and another
     // call takes the key over.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while charges.count() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("the first holder charged");
+    charges.started("the first holder's charge").await;
     faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
     tokio::time::sleep(Duration::from_millis(450)).await;
     let taken = charge_then_sms_after_losing(store, &key, &charges, &texts, false)
