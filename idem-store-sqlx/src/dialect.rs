@@ -69,9 +69,7 @@ impl<DB: Database> Parts<DB> {
             _ => self.insert_sql.as_deref().map(|sql| FirstClaim { sql, reads: false }),
         }
     }
-}
 
-impl<DB: Database> Parts<DB> {
     /// Run a holder write with the shared statements; refused where the server applies
     /// its cluster's commits late, run it again with the statements that wait for
     /// them. A node behind the cluster may not have the lease's claim yet: its refusal

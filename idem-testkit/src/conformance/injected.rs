@@ -37,9 +37,9 @@ async fn held(store: &Store, key: &str, runs: &Runs, delay: Duration) -> Result<
 }
 
 #[idempotent(key = key, biz = "injected.lease", store = store, lease = "300ms", clock_tolerance = "0s")]
-async fn abandoning(store: &Store, key: &str, started: &tokio::sync::Notify) -> Result<(String, bool), AppError> {
+async fn abandoning(store: &Store, key: &str, runs: &Runs) -> Result<(String, bool), AppError> {
     let context = idem::context().expect("inside a call");
-    started.notify_one();
+    runs.hit();
     let ended = tokio::select! {
         () = tokio::time::sleep(Duration::from_secs(10)) => "finished",
         () = context.lease_lost() => "abandoned",
@@ -300,16 +300,14 @@ pub async fn lost_lease_is_signalled_to_the_body(store: &Store) {
     // The claim is slowed past a third of the lease, as a loaded machine slows it: the
     // call renews before the body, and that renewal must not meet the fault.
     faulty.inject(Op::Claim, Fault::Delay(Duration::from_millis(150)), 1);
-    let started = Arc::new(tokio::sync::Notify::new());
+    let first_runs = Arc::new(Runs::default());
     let first = {
-        let (shared, key, started) = (shared.clone(), key.clone(), started.clone());
-        tokio::spawn(async move { abandoning(&shared, &key, &started).await })
+        let (shared, key, first_runs) = (shared.clone(), key.clone(), first_runs.clone());
+        tokio::spawn(async move { abandoning(&shared, &key, &first_runs).await })
     };
     // Once the body runs, renewals fail, the 300 ms lease lapses, and another call
     // takes the key over.
-    tokio::time::timeout(Duration::from_secs(5), started.notified())
-        .await
-        .expect("the first body started");
+    first_runs.started("the first body").await;
     faulty.inject(Op::Renew, Fault::Fail, u32::MAX);
     tokio::time::sleep(Duration::from_millis(450)).await;
     let runs = Runs::default();
