@@ -278,6 +278,12 @@ const COUNTS: [&str; 8] = [
      WHERE NOT EXISTS (SELECT 1 FROM pipeline_orders o WHERE o.order_ref = s.order_ref))",
 ];
 
+/// How long the HTTP layer's claim of an order is held without a renewal. An order
+/// commits in milliseconds: a lease of seconds lets a client's retry take over the order
+/// of a server that died holding it after the lease and the clock tolerance (10 s),
+/// where the default lease would answer 409 for a minute.
+const ORDER_LEASE: Duration = Duration::from_secs(5);
+
 /// `?` placeholders as PostgreSQL writes them (`$1`, `$2`, …).
 fn numbered(sql: &str) -> String {
     let mut out = String::with_capacity(sql.len() + 8);
@@ -510,7 +516,7 @@ macro_rules! pipeline {
                     }
                 }
                 if options.role.runs(Role::Http) {
-                    let layer = IdempotencyLayer::new(Idempotent::new("pipeline.http").store(records))
+                    let layer = IdempotencyLayer::new(Idempotent::new("pipeline.http").store(records).lease(ORDER_LEASE))
                         .principal(|customer: &Customer| customer.0.clone());
                     let router = Router::new()
                         .route("/orders", post(order).route_layer(layer))

@@ -140,17 +140,25 @@ impl Drop for Part {
     }
 }
 
+/// Why the customers' requests were retried: an HTTP status, or `no answer` (the server
+/// down or too slow), and how many times each.
+type Retries = std::collections::BTreeMap<String, u32>;
+
 /// Post orders with fresh keys until `stop`, each retried with its own key until it is
-/// answered 201; the orders answered.
-async fn customer(base: String, name: String, stop: Arc<AtomicBool>, accepted: Arc<Mutex<BTreeSet<String>>>) -> u32 {
+/// answered 201; why requests were retried.
+async fn customer(
+    base: String,
+    name: String,
+    stop: Arc<AtomicBool>,
+    accepted: Arc<Mutex<BTreeSet<String>>>,
+) -> Retries {
     let client = client();
-    let mut retries = 0;
+    let mut retries = Retries::new();
     let mut n = 0;
     while !stop.load(Ordering::SeqCst) {
         n += 1;
-        let (order, retried) = place_order(&client, &base, &name, n).await;
+        let order = place_order(&client, &base, &name, n, &mut retries).await;
         accepted.lock().unwrap().insert(order);
-        retries += retried;
     }
     retries
 }
@@ -162,11 +170,10 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-/// Order number `n` of customer `name`, retried with its key until it is answered 201:
-/// the order's reference and how many retries it took.
-async fn place_order(client: &reqwest::Client, base: &str, name: &str, n: u32) -> (String, u32) {
+/// Order number `n` of customer `name`, retried with its key until it is answered 201,
+/// each retry's reason counted in `retries`: the order's reference.
+async fn place_order(client: &reqwest::Client, base: &str, name: &str, n: u32, retries: &mut Retries) -> String {
     let key = format!("{name}-{n}");
-    let mut retries = 0;
     loop {
         let answer = client
             .post(format!("{base}/orders"))
@@ -175,16 +182,16 @@ async fn place_order(client: &reqwest::Client, base: &str, name: &str, n: u32) -
             .json(&serde_json::json!({"customer": name, "cents": 100 * n}))
             .send()
             .await;
-        match answer {
+        let reason = match answer {
             Ok(response) if response.status() == reqwest::StatusCode::CREATED => {
                 let placed: Value = response.json().await.unwrap();
-                return (placed["order"].as_str().unwrap().to_owned(), retries);
+                return placed["order"].as_str().unwrap().to_owned();
             }
-            _ => {
-                retries += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+            Ok(response) => response.status().as_u16().to_string(),
+            Err(_) => "no answer".to_owned(),
+        };
+        *retries.entry(reason).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -204,7 +211,7 @@ async fn kill_a_consumer_holding_deliveries(
     }
     let mut placed = Vec::new();
     for n in 1..=8 {
-        placed.push(place_order(&client, base, "last", n).await.0);
+        placed.push(place_order(&client, base, "last", n, &mut Retries::new()).await);
     }
     let mut slow = parts[2].args.clone();
     let delay = slow.iter().position(|arg| arg == "--effect-delay-ms").unwrap() + 1;
@@ -447,9 +454,11 @@ async fn pipeline_under_kills(broker: Broker, url: &str, server: &str, name: &st
         }
     }
     stop.store(true, Ordering::SeqCst);
-    let mut retries = 0;
+    let mut retries = Retries::new();
     for customer in customers {
-        retries += customer.await.unwrap();
+        for (reason, count) in customer.await.unwrap() {
+            *retries.entry(reason).or_default() += count;
+        }
     }
     let killed = broker_restarted.expect("a broker node was killed and restarted");
     let last = kill_a_consumer_holding_deliveries(&mut parts, &binary, &base, (broker, url, &queue)).await;
@@ -472,7 +481,7 @@ async fn pipeline_under_kills(broker: Broker, url: &str, server: &str, name: &st
     let accepted = accepted.lock().unwrap().clone();
     let kills: Vec<String> = parts.iter().map(|p| format!("{} {}", p.role, p.kills)).collect();
     println!(
-        "pipeline under kills on {name} through {}: {} orders accepted, {retries} client retries, kills [{}], {killed} of the broker killed and restarted; figures {drained}",
+        "pipeline under kills on {name} through {}: {} orders accepted, client retries {retries:?}, kills [{}], {killed} of the broker killed and restarted; figures {drained}",
         broker.name(),
         accepted.len(),
         kills.join(", ")
