@@ -261,10 +261,11 @@ async fn every_counter_after_a_known_mix_of_calls() {
     tokio::time::sleep(Duration::from_millis(80)).await;
     let _: u32 = short.execute("g", async { Ok::<_, Error>(1) }).await.unwrap(); // 1 executed, 1 takeover
 
-    // A store that refuses the `complete` as if the key had been taken over: the
-    // holder's outcome is lost.
+    // A store that keeps refusing the `complete` as if the key had been taken over
+    // (one refusal its record contradicts would be written again): the holder's
+    // outcome is lost.
     let taken_over = FaultyStore::new(&(Arc::new(MemoryStore::new()) as conformance::calls::Store));
-    taken_over.inject(Op::Complete, Fault::Fenced, 1);
+    taken_over.inject(Op::Complete, Fault::Fenced, 10);
     let lost = Idempotent::new(biz).store(taken_over.shared());
     let error: Result<u32, Error> = lost.execute("i", async { Ok(1) }).await;
     assert!(matches!(error, Err(Error::LeaseLost { .. })), "{error:?}"); // 1 executed, 1 lease lost

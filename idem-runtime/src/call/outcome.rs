@@ -6,7 +6,8 @@
 //! the caller waits — half a lease — and then, or as soon as the caller's future is
 //! dropped, it goes on in a task of its own. A refused write is checked against the
 //! record: a write whose reply was lost may have committed, and then the outcome
-//! recorded is this call's own.
+//! recorded is this call's own; a refusal the record contradicts (still `PROCESSING`
+//! under this call's lease) is written again, a few times.
 //!
 //! The retries are at most a twentieth of a lease apart, so a store that comes back
 //! before the lease lapses gets the outcome before a retry can take the key over. One
@@ -37,6 +38,10 @@ use crate::store::{IdempotencyStore, OwnedStore};
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const LONGEST_RETRY: Duration = Duration::from_secs(1);
 const RETRIES_PER_LEASE: u32 = 20;
+
+/// How many more times an outcome is written when the store refused it while its own
+/// record still shows it held under the call's lease (see `after_refusal`).
+const CONTRADICTED_REFUSALS: u32 = 2;
 
 /// How many leases a write handed to its own task keeps trying for (10 minutes for the
 /// default 30 s lease). Past that, a response the store keeps refusing is recorded as a
@@ -184,14 +189,44 @@ impl OutcomeWrite {
         written
     }
 
-    /// The record no longer carries this lease: either an earlier try committed and its
-    /// reply was lost, or the key was taken over.
+    /// The store refused the write as if the record no longer carried this lease: an
+    /// earlier try committed and its reply was lost, or the key was taken over — or the
+    /// refusal is wrong, and the record, read back, is still `PROCESSING` under this
+    /// very lease. A fenced write is safe to repeat (the store decides again), so that
+    /// one is written again, up to [`CONTRADICTED_REFUSALS`] times: answering `Lost`
+    /// would leave the finished body's record to be taken over and run again.
     async fn after_refusal(&self, store: &dyn IdempotencyStore) -> Settled {
-        match store.get(&self.lease.biz, &self.lease.key).await {
-            Ok(record) if self.verdict.recorded_in(record.as_ref(), &self.lease) => Settled::Recorded,
-            _ => Settled::Lost,
+        let lease = &self.lease;
+        let pause = FIRST_RETRY.min(self.lease_for / RETRIES_PER_LEASE);
+        let mut again = CONTRADICTED_REFUSALS;
+        loop {
+            let record = match store.get(&lease.biz, &lease.key).await {
+                Ok(record) => record,
+                Err(_) => return Settled::Lost,
+            };
+            if self.verdict.recorded_in(record.as_ref(), lease) {
+                return Settled::Recorded;
+            }
+            if again == 0 || !record.as_ref().is_some_and(|record| held_under(record, lease)) {
+                return Settled::Lost;
+            }
+            again -= 1;
+            tracing::warn!(target: "idem", biz = %lease.biz, key = %crate::observe::shown_key(&lease.key), fence = lease.fence,
+                operation = self.verdict.operation(),
+                "the store refused a finished call's outcome, but its record is still held under this call's lease; writing it again"
+            );
+            tokio::time::sleep(pause).await;
+            if let Ok(FenceCheck::Held) = self.write(store).await {
+                return Settled::Recorded;
+            }
         }
     }
+}
+
+/// Whether `record` is still the running claim `lease` stands for: `PROCESSING`, in the
+/// same life, at the same fence.
+fn held_under(record: &Record, lease: &Lease) -> bool {
+    record.status == Status::Processing && record.fence == lease.fence && record.created_at == lease.created_at
 }
 
 /// A write in progress; dropped before it settles (the caller went away, or gave up

@@ -207,6 +207,37 @@ pub async fn lost_reply_of_a_committed_complete_is_success(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
+/// `complete` refused as if the key had been taken over, while the record is still
+/// held under the call's lease (a node behind the one that granted the claim): the
+/// outcome is written again and the caller gets its result, not `LeaseLost`, so the
+/// finished body is not left to be taken over and run again. A store that keeps
+/// refusing is believed after a few tries.
+pub async fn a_refusal_the_record_contradicts_is_written_again(store: &Store) {
+    let faulty = FaultyStore::new(store);
+    faulty.inject(Op::Complete, Fault::Fenced, 1);
+    let shared = faulty.shared();
+    let (key, runs) = (unique("contradicted"), Runs::default());
+    let receipt = charge(&shared, &key, &runs)
+        .await
+        .expect("a refusal its own record contradicts cost the caller its result");
+    assert_eq!(receipt.charge_no, 1);
+    let record = store.get("injected.pay", &key).await.unwrap().expect("the record");
+    assert_eq!(record.status, Status::Succeeded, "the outcome was not written again");
+    assert_eq!(charge(&shared, &key, &runs).await.unwrap(), receipt);
+    assert_eq!(runs.count(), 1);
+
+    let faulty = FaultyStore::new(store);
+    faulty.inject(Op::Complete, Fault::Fenced, 10);
+    let shared = faulty.shared();
+    let (key, runs) = (unique("refused"), Runs::default());
+    let refused = charge(&shared, &key, &runs).await;
+    assert!(
+        matches!(refused, Err(AppError::Idem(Error::LeaseLost { .. }))),
+        "a store that keeps refusing was not believed: {refused:?}"
+    );
+    assert_eq!(runs.count(), 1);
+}
+
 /// Every finite double replays with its exact bits; NaN, infinities and
 /// `Some(None)` fail the first call with `Encode`, and nothing is recorded SUCCESS.
 pub async fn replays_equal_the_first_answer(store: &Store) {

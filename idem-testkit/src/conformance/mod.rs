@@ -110,6 +110,7 @@ macro_rules! __every_scenario {
                 failure_outcomes_are_retried,
                 late_claim_renews_before_the_body,
                 lost_reply_of_a_committed_complete_is_success,
+                a_refusal_the_record_contradicts_is_written_again,
                 replays_equal_the_first_answer,
                 maps_and_sets_replay_as_answered,
                 equal_payloads_fingerprint_equal,
