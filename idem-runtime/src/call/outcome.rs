@@ -207,7 +207,7 @@ impl OutcomeWrite {
             if self.verdict.recorded_in(record.as_ref(), lease) {
                 return Settled::Recorded;
             }
-            if again == 0 || !record.as_ref().is_some_and(|record| held_under(record, lease)) {
+            if again == 0 || !record.as_ref().is_some_and(|record| lease.holds(record)) {
                 return Settled::Lost;
             }
             again -= 1;
@@ -221,12 +221,6 @@ impl OutcomeWrite {
             }
         }
     }
-}
-
-/// Whether `record` is still the running claim `lease` stands for: `PROCESSING`, in the
-/// same life, at the same fence.
-fn held_under(record: &Record, lease: &Lease) -> bool {
-    record.status == Status::Processing && record.fence == lease.fence && record.created_at == lease.created_at
 }
 
 /// A write in progress; dropped before it settles (the caller went away, or gave up
