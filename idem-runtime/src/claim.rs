@@ -30,6 +30,9 @@ pub struct Claim<'a> {
     pub lease: Duration,
     /// How long the record answers duplicates; a claim is kept at least this long.
     pub ttl: Duration,
+    /// When `now` was read, on tokio's clock, when the runtime read it: a store that
+    /// judges by a steady clock of its own counts from it instead of reading the clock.
+    pub(crate) read: Option<tokio::time::Instant>,
 }
 
 impl<'a> Claim<'a> {
@@ -43,12 +46,19 @@ impl<'a> Claim<'a> {
             now,
             lease,
             ttl,
+            read: None,
         }
     }
 
     /// The same claim carrying a payload fingerprint.
     pub fn with_fingerprint(mut self, fingerprint: Option<&'a str>) -> Self {
         self.fingerprint = fingerprint;
+        self
+    }
+
+    /// The same claim, its `now` read at `read` on tokio's clock.
+    pub(crate) fn read_at(mut self, read: tokio::time::Instant) -> Self {
+        self.read = Some(read);
         self
     }
 

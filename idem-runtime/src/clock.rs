@@ -49,15 +49,20 @@ pub fn now() -> SystemTime {
 pub(crate) struct Reading {
     at: SystemTime,
     read: tokio::time::Instant,
+    /// The monotonic clock, read with them: a call's admission starts here.
+    monotonic: std::time::Instant,
 }
 
 impl Reading {
     /// [`now`], and when it was read.
     pub(crate) fn take() -> Self {
         let read = tokio::time::Instant::now();
+        let system = SystemTime::now();
+        let monotonic = std::time::Instant::now();
         Reading {
-            at: whole_micros(moved_by_tokio(SystemTime::now(), read)),
+            at: whole_micros(moved_by_tokio(system, read, monotonic)),
             read,
+            monotonic,
         }
     }
 
@@ -66,16 +71,31 @@ impl Reading {
         self.at
     }
 
+    /// When it was read, on tokio's clock: where a store's steady clock can count from
+    /// instead of reading the clock again.
+    pub(crate) fn read(&self) -> tokio::time::Instant {
+        self.read
+    }
+
+    /// When it was read, on the monotonic clock.
+    pub(crate) fn monotonic(&self) -> std::time::Instant {
+        self.monotonic
+    }
+
     /// Now: the instant read, moved on by the time since, in whole microseconds.
     pub(crate) fn later(&self) -> SystemTime {
         whole_micros(self.at + self.read.elapsed())
     }
 }
 
-/// `instant`, truncated to whole microseconds.
+/// `instant`, truncated to whole microseconds (the epoch for an instant before it).
 fn whole_micros(instant: SystemTime) -> SystemTime {
-    let since_epoch = instant.duration_since(UNIX_EPOCH).unwrap_or_default();
-    UNIX_EPOCH + Duration::from_micros(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
+    match instant.duration_since(UNIX_EPOCH) {
+        // The nanoseconds past the last whole microsecond taken off: no division of the
+        // whole count, no second sum.
+        Ok(since_epoch) => instant - Duration::from_nanos(u64::from(since_epoch.subsec_nanos() % 1_000)),
+        Err(_) => UNIX_EPOCH,
+    }
 }
 
 /// A clock that reads [`now`] once, when it starts, and from then on moves only with the
@@ -99,16 +119,21 @@ impl SteadyClock {
 
     /// The instant it reads, in whole microseconds.
     pub(crate) fn now(&self) -> SystemTime {
-        whole_micros(self.started + self.at.elapsed())
+        self.at(tokio::time::Instant::now())
+    }
+
+    /// The instant it read at `read` (tokio's clock, read since it started), in whole
+    /// microseconds.
+    pub(crate) fn at(&self, read: tokio::time::Instant) -> SystemTime {
+        whole_micros(self.started + read.saturating_duration_since(self.at))
     }
 }
 
-/// `system`, moved by how far tokio's clock (read as `tokio`, a moment ago) is from the
-/// system's monotonic clock when that is more than [`TEST_CLOCK_THRESHOLD`] (a paused or
-/// advanced test clock).
-fn moved_by_tokio(system: SystemTime, tokio: tokio::time::Instant) -> SystemTime {
+/// `system`, moved by how far tokio's clock (read as `tokio`, a moment before the
+/// system's monotonic clock was read as `monotonic`) is from the monotonic clock when
+/// that is more than [`TEST_CLOCK_THRESHOLD`] (a paused or advanced test clock).
+fn moved_by_tokio(system: SystemTime, tokio: tokio::time::Instant, monotonic: std::time::Instant) -> SystemTime {
     let tokio = tokio.into_std();
-    let monotonic = std::time::Instant::now();
     // Read first, tokio's clock is behind by a moment outside a test: one comparison.
     if let Some(behind) = monotonic.checked_duration_since(tokio) {
         if behind > TEST_CLOCK_THRESHOLD {
@@ -145,4 +170,38 @@ pub enum LeaseClock {
     Store,
     /// The caller's instants, as given.
     Caller,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// An instant is cut to the microsecond at or below it, and so compares equal to
+        /// itself written as whole microseconds and read back.
+        #[test]
+        fn whole_micros_cuts_to_the_microsecond_below(nanos in 0_u64..(1 << 62)) {
+            let instant = UNIX_EPOCH + Duration::from_nanos(nanos);
+            prop_assert_eq!(whole_micros(instant), UNIX_EPOCH + Duration::from_micros(nanos / 1_000));
+        }
+    }
+
+    #[test]
+    fn an_instant_before_the_epoch_is_the_epoch() {
+        assert_eq!(whole_micros(UNIX_EPOCH - Duration::from_nanos(1_500)), UNIX_EPOCH);
+    }
+
+    /// The steady clock at a reading taken after it started counts the time between.
+    #[tokio::test(start_paused = true)]
+    async fn the_steady_clock_at_a_reading_counts_from_its_start() {
+        let steady = SteadyClock::start();
+        tokio::time::advance(Duration::from_secs(90)).await;
+        let reading = Reading::take();
+        assert_eq!(steady.at(reading.read()), steady.now());
+        assert_eq!(
+            steady.at(reading.read()).duration_since(steady.started).unwrap(),
+            Duration::from_secs(90)
+        );
+    }
 }

@@ -152,10 +152,12 @@ impl MemoryStore {
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
-        let claim = &Claim {
-            now: self.judged_at(claim.now),
-            ..*claim
+        let now = match (self.clock, claim.read) {
+            // The steady clock at the moment the caller read its own: no second read.
+            (LeaseClock::Store, Some(read)) => self.steady.at(read),
+            _ => self.judged_at(claim.now),
         };
+        let claim = &Claim { now, ..*claim };
         let mut guard = self.lock();
         guard.sweep_if_due(claim.now);
         let shelf = guard.shelves.entry_ref(claim.biz).or_default();

@@ -49,16 +49,17 @@ enum Waited<T> {
 }
 
 impl Call<'_> {
-    /// Admit the call that began `admitting`.
+    /// Admit the call that began at the clock's reading `admitting`.
     pub(super) async fn admit<T: DeserializeOwned>(
         &self,
         fingerprint: Option<&str>,
-        admitting: Instant,
+        admitting: clock::Reading,
     ) -> Result<Admitted<T>, Error> {
-        let deadline = self.op.wait.map(|wait| admitting + wait);
+        let deadline = self.op.wait.map(|wait| admitting.monotonic() + wait);
         let request = self.op.request_body();
-        // The first claim is sent as admission begins; a later one, when it is sent.
-        let mut first_claim = true;
+        // The first claim is sent as admission begins, at its reading of the clock when
+        // it did not wait at the gate; a later one, when it is sent.
+        let mut first_claim = Some(admitting);
         'admit: loop {
             // The record in the way, as this caller's claim met it; `None` when it is
             // running with a fingerprint that agrees, and the next read tells more.
@@ -74,15 +75,19 @@ impl Call<'_> {
                         Met::Existing(record) => Some(Record::clone(record)),
                     },
                     Turn::Claim(ticket) => {
-                        let claimed_at = if std::mem::take(&mut first_claim) {
-                            admitting
-                        } else {
-                            Instant::now()
+                        let (read, claimed_at) = match first_claim.take() {
+                            Some(admitting) if !ticket.waited() => (admitting, admitting.monotonic()),
+                            // Its lease is counted from admission all the same.
+                            Some(admitting) => (clock::Reading::take(), admitting.monotonic()),
+                            None => {
+                                let read = clock::Reading::take();
+                                (read, read.monotonic())
+                            }
                         };
-                        let read = clock::Reading::take();
                         let lease = {
                             let claim =
                                 Claim::new(&self.op.biz, &self.key, read.at(), self.op.stored_lease(), self.op.ttl)
+                                    .read_at(read.read())
                                     .with_fingerprint(fingerprint)
                                     .with_request_body(request.as_deref());
                             let claimed = self.store.claim(&claim).await;
@@ -102,7 +107,12 @@ impl Call<'_> {
                         let lease = lease.with_retention(self.op.retention());
                         let granted = Instant::now();
                         if self.lease_ahead(&lease, granted - claimed_at).await? {
-                            observe::claimed(&self.op.biz, lease.fence, lease.took_over(), granted - admitting);
+                            observe::claimed(
+                                &self.op.biz,
+                                lease.fence,
+                                lease.took_over(),
+                                granted - admitting.monotonic(),
+                            );
                             return Ok(Admitted::Claimed(Claimed { lease, read, granted }));
                         }
                         // Taken over before the body started: nothing ran; claim again.

@@ -71,6 +71,7 @@ fn slot_of(store: &dyn OwnedStore, biz: &str, key: &str) -> usize {
 /// under way, or (for a caller that `waits`) the waiters already reading.
 pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool) -> Turn {
     let slot = slot_of(store, biz, key);
+    let mut waited = false;
     loop {
         if waits && flight::any_open() && flight::is_open(&FlightKey::new(store, biz, key)) {
             return Turn::Join;
@@ -80,6 +81,7 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
                 slot,
                 key: None,
                 open: true,
+                waited,
             });
         }
         let flight_key = FlightKey::new(store, biz, key);
@@ -96,6 +98,7 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
                         slot,
                         key: Some(flight_key),
                         open: true,
+                        waited,
                     });
                 }
             }
@@ -108,6 +111,7 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
         if let Some(met) = handed {
             return Turn::Took(met);
         }
+        waited = true;
     }
 }
 
@@ -117,9 +121,17 @@ pub(super) struct Ticket {
     /// Its entry in [`UNDER_WAY`], when its slot was taken.
     key: Option<FlightKey>,
     open: bool,
+    /// Whether its caller waited for another claim of the key before it got it.
+    waited: bool,
 }
 
 impl Ticket {
+    /// Whether the caller waited at the gate (for a claim that handed nothing on)
+    /// before it got this ticket.
+    pub(super) fn waited(&self) -> bool {
+        self.waited
+    }
+
     /// Hand on what the claim met (built only when callers may be behind).
     pub(super) fn hand_on(mut self, met: impl FnOnce() -> Met) {
         let handed = self.key.is_some().then(|| Arc::new(met()));

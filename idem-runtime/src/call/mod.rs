@@ -154,8 +154,10 @@ impl Call<'_> {
             Ok(fingerprint) => fingerprint,
             Err(error) => return refused(error),
         };
-        let admitting = Instant::now();
-        let Claimed { lease, read, granted } = match self.admit(fingerprint, admitting).await {
+        // One reading of the clock starts admission and, unless it waits, dates the claim.
+        let reading = crate::clock::Reading::take();
+        let admitting = reading.monotonic();
+        let Claimed { lease, read, granted } = match self.admit(fingerprint, reading).await {
             Ok(Admitted::Claimed(claimed)) => claimed,
             Ok(Admitted::Replayed(value)) => {
                 observe::claim_time(biz, admitting.elapsed());
