@@ -18,5 +18,5 @@ CREATE TABLE IF NOT EXISTS `idempotent_record` (
   PRIMARY KEY (biz_type, idempotent_key),
   KEY `idempotent_record_expires_at` (expires_at),
   KEY `idempotent_record_subject` (subject),
-  CONSTRAINT `idempotent_record_status` CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL'))
+  CONSTRAINT `idempotent_record_status` CHECK (status = 'PROCESSING' OR status = 'SUCCESS' OR status = 'FAIL')
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;

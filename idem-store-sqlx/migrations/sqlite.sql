@@ -1,7 +1,7 @@
 CREATE TABLE IF NOT EXISTS "idempotent_record" (
   biz_type TEXT NOT NULL,
   idempotent_key TEXT NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAIL')),
+  status TEXT NOT NULL CHECK (status = 'PROCESSING' OR status = 'SUCCESS' OR status = 'FAIL'),
   fence INTEGER NOT NULL,
   fingerprint TEXT,
   request_body TEXT,

@@ -116,3 +116,42 @@ async fn the_read_before_the_claim_judges_what_it_read() {
     )
     .await;
 }
+
+/// The table refuses a status idem never writes, and checking it costs no temporary
+/// index: neither an insert's program nor the completion's opens an ephemeral table (a
+/// check written `status IN (…)` would build one on every write, about 4 µs each). (The
+/// claim's own program opens one for its `RETURNING` rows.)
+#[tokio::test]
+async fn the_status_check_refuses_other_statuses_and_builds_no_temporary_index() {
+    use idem::sqlx::Row;
+    let store = open().await.unwrap();
+    let by_hand = |status: &str| {
+        format!(
+            "INSERT INTO idempotent_record (biz_type, idempotent_key, status, fence, created_at, expires_at) \
+             VALUES ('by-hand', 'k', '{status}', 1, '2000-01-01 00:00:00.000000', '2000-01-01 00:00:00.000000')"
+        )
+    };
+    for (what, sql) in [
+        ("insert", by_hand("SUCCESS")),
+        ("completion", store.complete_sql().to_owned()),
+    ] {
+        let program = idem::sqlx::raw_sql(&format!("EXPLAIN {sql}"))
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        let opcodes: Vec<String> = program.iter().map(|op| op.get("opcode")).collect();
+        assert!(
+            opcodes.iter().any(|op| op == "Insert"),
+            "{what}: not a write? {opcodes:?}"
+        );
+        assert!(
+            !opcodes.iter().any(|op| op == "OpenEphemeral"),
+            "the {what} builds a temporary index on every write: {opcodes:?}"
+        );
+    }
+    let refused = idem::sqlx::query(&by_hand("DONE"))
+        .execute(store.pool())
+        .await
+        .expect_err("a status idem never writes is refused");
+    assert!(refused.to_string().contains("CHECK constraint failed"), "{refused}");
+}
