@@ -69,30 +69,16 @@ pub async fn takeover_replays_finished_steps(store: &Store) {
     // The first attempt dies between its steps: once its charge is in the record (the
     // step's write can take a while on a loaded machine; a death before it commits is
     // a death inside the step, which runs it again), its call is dropped.
-    let charge_recorded = async {
-        loop {
+    super::dropped_once(
+        charge_then_sms(store, &key, &charges, &texts, After::Hang),
+        super::until("the first attempt's charge recorded", || async {
             let record = store.get(BIZ, &key).await.ok().flatten();
-            if record
+            record
                 .and_then(|record| record.steps)
                 .is_some_and(|steps| steps.contains("charge"))
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    let died = tokio::time::timeout(Duration::from_secs(10), async {
-        tokio::select! {
-            _ = charge_then_sms(store, &key, &charges, &texts, After::Hang) => false,
-            () = charge_recorded => true,
-        }
-    })
+        }),
+    )
     .await;
-    assert_eq!(
-        died,
-        Ok(true),
-        "the first attempt stopped between its steps, its charge recorded"
-    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let done = charge_then_sms(store, &key, &charges, &texts, After::GoOn)
         .await
