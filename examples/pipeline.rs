@@ -250,8 +250,9 @@ impl BrokerKind {
     }
 }
 
-/// The application's tables, in SQL every one of the three databases reads.
-const TABLES: [&str; 4] = [
+/// The application's tables and the indexes its figures join on, in SQL every one of the
+/// three databases reads.
+const TABLES: [&str; 6] = [
     "CREATE TABLE IF NOT EXISTS pipeline_orders (order_ref VARCHAR(200) NOT NULL PRIMARY KEY, \
      customer VARCHAR(64) NOT NULL, cents BIGINT NOT NULL, message_id BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS pipeline_points (order_ref VARCHAR(200) NOT NULL, customer VARCHAR(64) NOT NULL, \
@@ -260,6 +261,8 @@ const TABLES: [&str; 4] = [
      text VARCHAR(255) NOT NULL)",
     "CREATE TABLE IF NOT EXISTS pipeline_deliveries (message_id VARCHAR(64) NOT NULL, redelivered INT NOT NULL, \
      ran INT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS pipeline_points_order ON pipeline_points (order_ref)",
+    "CREATE INDEX IF NOT EXISTS pipeline_sms_order ON pipeline_sms (order_ref)",
 ];
 
 /// The counting statements behind `Stats`, in its field order after the outbox's two.

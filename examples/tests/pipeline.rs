@@ -213,9 +213,11 @@ async fn kill_a_consumer_holding_deliveries(
     for n in 1..=8 {
         placed.push(place_order(&client, base, "last", n, &mut Retries::new()).await);
     }
+    // An effect slower than the wait below: the consumer still holds its deliveries
+    // however long the broker's count takes to answer on a loaded machine.
     let mut slow = parts[2].args.clone();
     let delay = slow.iter().position(|arg| arg == "--effect-delay-ms").unwrap() + 1;
-    slow[delay] = "20000".into();
+    slow[delay] = "600000".into();
     parts[2].restart(binary, &slow);
     let deadline = Instant::now() + Duration::from_secs(60);
     while broker.unacked(url, queue).await == 0 {
