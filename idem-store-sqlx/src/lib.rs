@@ -99,7 +99,7 @@ pub struct BizStatus {
     pub tombstones: u64,
 }
 cfg_driver! {
-    pub use connection::ACQUIRE_TIMEOUT;
+    pub use connection::{ACQUIRE_TIMEOUT, PING_IF_IDLE_FOR};
     pub use pooler::Pooler;
     pub use statements::numbered;
     pub use transaction::{

@@ -53,7 +53,10 @@ impl SqliteStore {
             .map_err(|e| driver_error(&format!("parsing the SQLite URL `{shown}`"), e))?
             .create_if_missing(true)
             .busy_timeout(Duration::from_secs(10));
+        // A connection to a file does not die while it waits in the pool: lent without
+        // sqlx's ping (a trip to the connection's thread before every statement).
         let pool = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(|e| driver_error(&format!("opening the SQLite file of `{shown}`"), e))?;

@@ -115,6 +115,77 @@ where
     );
 }
 
+/// The round trips counted by `round_trips` so far, once they have stopped coming (a
+/// pool pings a connection as it goes back, after the call returned).
+async fn settled(round_trips: &impl Fn() -> u64) -> u64 {
+    let mut last = round_trips();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = round_trips();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// A store on the pool its own `connect` made lends a connection that went back moments
+/// ago without a ping: a replay costs one round trip fewer than `read` (one statement
+/// on a pool with sqlx's defaults, which pings every connection it lends). A connection
+/// idle for `idle_for` or longer is pinged first, so one that died meanwhile — `sever`
+/// closes every connection under the pool — is replaced, and the next call is
+/// answered. `store` talks to its server only over connections whose round trips
+/// `round_trips` counts.
+pub async fn a_connection_used_moments_ago_is_lent_without_a_ping<R, F>(
+    store: Store,
+    round_trips: impl Fn() -> u64,
+    read: R,
+    sever: impl Fn(),
+    idle_for: Duration,
+) where
+    R: Fn() -> F,
+    F: Future<Output = ()>,
+{
+    read().await;
+    let before = settled(&round_trips).await;
+    read().await;
+    let pinged = settled(&round_trips).await - before;
+    assert!(
+        pinged >= 2,
+        "a statement on sqlx's default pool took {pinged} round trips, not a ping and itself"
+    );
+
+    let op = Idempotent::new(unique("lent-without-a-ping")).store(store);
+    let call = || op.execute("paid", async { Ok::<_, Error>(7_u32) });
+    for _ in 0..=WARM_UP {
+        assert_eq!(call().await.expect("the call is answered"), 7);
+    }
+    // The fewest of a few replays: a connection the pool opened lately prepares the
+    // statement first, one round trip more.
+    let mut replay = u64::MAX;
+    for _ in 0..3 {
+        let before = settled(&round_trips).await;
+        assert_eq!(call().await.expect("the replay is answered"), 7);
+        replay = replay.min(settled(&round_trips).await - before);
+    }
+    assert_eq!(
+        replay,
+        pinged - 1,
+        "a replay on a connection used moments ago took {replay} round trips; a statement on sqlx's default pool, \
+         which pings first, {pinged}"
+    );
+
+    sever();
+    tokio::time::sleep(idle_for + Duration::from_millis(200)).await;
+    let after = call().await;
+    assert_eq!(
+        after.expect(
+            "a call after every pooled connection died while idle is answered (the idle one pinged and replaced)"
+        ),
+        7
+    );
+}
+
 /// Once a store has met duplicates (a few, and again a storm of them, where every store
 /// reads first), a claim that reads the record in its way (in its insert, or before
 /// its claim statement) judges it as a read's would be: a running
@@ -203,12 +274,15 @@ async fn judges_what_it_read<L, LF, E, EF>(
     );
 }
 
-/// Generate `a_replay_takes_one_round_trip` for the SQL store `$store` (made with
-/// `<$store>::new(pool)`) on the server at the URL in `$var` (`$backend` names it when
-/// the variable is unset): its pool of one connection (`$pool` options, `$options`
-/// connect options, whose port a [`Link`](crate::harness::link::Link) takes over)
-/// counts round trips, and `$read` — a `SELECT` binding a biz and a key — is the
-/// statement a replay is held to. Needs feature `harness`.
+/// Generate two tests for the SQL store `$store` on the server at the URL in `$var`
+/// (`$backend` names it when the variable is unset), its round trips counted by a
+/// [`Link`](crate::harness::link::Link) that takes over the port of the `$options`
+/// (connect options), `$read` — a `SELECT` binding a biz and a key — the statement a
+/// replay is held to: `a_replay_takes_one_round_trip`, the store made with
+/// `<$store>::new(pool)` on a pool of one connection (`$pool` options); and
+/// `a_connection_used_moments_ago_is_lent_without_a_ping`, the store made by
+/// `<$store>::connect`, against `$read` on a pool with sqlx's defaults. The crate using
+/// it names `idem_store_sqlx`. Needs feature `harness`.
 #[macro_export]
 macro_rules! sql_round_trip_test {
     ($store:ty, $options:ty, $pool:ty, $var:literal, $backend:literal, $read:literal) => {
@@ -236,6 +310,47 @@ macro_rules! sql_round_trip_test {
             };
             let store = std::sync::Arc::new(store);
             $crate::conformance::round_trips::a_replay_takes_one_round_trip(store, || link.round_trips(), read).await;
+        }
+
+        #[tokio::test]
+        async fn a_connection_used_moments_ago_is_lent_without_a_ping() {
+            let Some(url) = $crate::conformance::server_url($var, $backend) else {
+                return;
+            };
+            let options: $options = url.parse().expect("the test URL parses");
+            let port = options.get_port();
+            let link = $crate::harness::link::Link::to(port).await;
+            let through_link = url.replacen(&format!(":{port}/"), &format!(":{}/", link.port()), 1);
+            assert_ne!(through_link, url, "the test's URL names its port: {url}");
+            let store = <$store>::connect(&through_link)
+                .await
+                .expect("connect through the link");
+            store.migrate().await.expect("migrate");
+            let defaults = <$pool>::new()
+                .max_connections(1)
+                .connect_with(options.port(link.port()))
+                .await
+                .expect("connect through the link");
+            let read = || async {
+                idem::sqlx::query($read)
+                    .bind("b")
+                    .bind("k")
+                    .fetch_optional(&defaults)
+                    .await
+                    .expect("read a row by its key");
+            };
+            let sever = || {
+                link.cut();
+                link.heal();
+            };
+            $crate::conformance::round_trips::a_connection_used_moments_ago_is_lent_without_a_ping(
+                std::sync::Arc::new(store),
+                || link.round_trips(),
+                read,
+                sever,
+                idem_store_sqlx::PING_IF_IDLE_FOR,
+            )
+            .await;
         }
     };
 }
