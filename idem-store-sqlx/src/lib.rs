@@ -7,7 +7,10 @@
 //! and processes restart. A store is built from the application's own pool
 //! (`XStore::new(pool)`) or from a URL (`XStore::connect(url)`); `migrate()` creates
 //! the table and its `expires_at` index idempotently, never touching the
-//! application's `_sqlx_migrations`.
+//! application's `_sqlx_migrations`. The pool `connect` makes gives up acquiring after
+//! [`ACQUIRE_TIMEOUT`] and lends a connection used in the last [`PING_IF_IDLE_FOR`]
+//! without sqlx's ping (a round trip before every statement); a pool of your own keeps
+//! its own settings.
 //!
 //! A claim takes a key atomically in one statement per dialect (`INSERT … ON CONFLICT …
 //! DO UPDATE … WHERE <expired or lease lapsed> RETURNING` on PostgreSQL and SQLite; on

@@ -22,7 +22,7 @@ pub(crate) struct ColumnTypes<'a> {
 /// The table's status check, inline (SQLite) or as a named constraint (MySQL and
 /// MariaDB), where it costs next to nothing. Written as comparisons joined by `OR`, not
 /// as `status IN (…)`: SQLite builds a temporary index of an `IN` list of more than two
-/// values again for every statement that checks it, about 4 µs a write. Not on
+/// values again for every statement that checks it, 9–13 µs a claim and its completion. Not on
 /// PostgreSQL, which builds a table's checks again for every statement that writes a
 /// row, about 4 µs each (a first execution writes twice), and idem never writes another
 /// status: a row of another status (written by hand) is read as an unreadable record,

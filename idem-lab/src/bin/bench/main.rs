@@ -16,8 +16,10 @@
 //! ```
 //!
 //! For each backend: the bare function, the hand-written floor (the same claim and
-//! record statements typed directly with sqlx on the same pool), idem's first execution
-//! and replay, replay through `CachedStore`; p50 and p99 of each. Then transactional
+//! record statements typed directly with sqlx on the same pool), the classic design
+//! (an `INSERT`, then an `UPDATE`) on the same pool and on a pool with sqlx's defaults,
+//! idem's first execution and replay, replay through `CachedStore`; p50 and p99 of
+//! each. Then transactional
 //! mode against the same business transaction without idem, and the `Idempotency-Key`
 //! layer against the same axum handler without it, and a sealed store (`idem::seal`)
 //! against the same store unsealed, and idem's first execution against its store's two
@@ -115,6 +117,9 @@ struct Backend {
     floor: Option<Floor>,
     /// Redis's floor: its two scripts by hand.
     redis_floor: Option<redis_floor::RedisFloor>,
+    /// The same database on a pool with sqlx's defaults (which pings every connection
+    /// it lends), for the classic design as a team writes it on its own pool.
+    defaults: Option<Floor>,
 }
 
 impl Backend {
@@ -147,6 +152,16 @@ fn sqlite_text(at: SystemTime) -> String {
 }
 
 impl Floor {
+    /// The store's read of `key` (of the bench's biz) on this floor's pool.
+    async fn get(&self, key: &str) -> Option<idem::store::Record> {
+        let read = match self {
+            Floor::Sqlite(store) => store.get(BIZ, key).await,
+            Floor::Postgres(store) => store.get(BIZ, key).await,
+            Floor::MySql(store) => store.get(BIZ, key).await,
+        };
+        read.unwrap()
+    }
+
     /// The claim and the record, each committed on its own, as idem's leased mode runs them.
     async fn claim_and_record(&self, key: &str) {
         self.run(key, None).await;
@@ -367,27 +382,38 @@ async fn backends() -> Vec<Backend> {
         store: Arc::new(MemoryStore::new()),
         floor: None,
         redis_floor: None,
+        defaults: None,
     }];
     let sqlite = idem::SqliteStore::connect(&format!("sqlite://{}", sqlite_path()))
         .await
         .unwrap();
     sqlite.migrate().await.unwrap();
     let floor = Floor::Sqlite(sqlite.clone());
+    let defaults = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}", sqlite_path()))
+        .await
+        .unwrap();
     backends.push(Backend {
         name: "SQLite file",
         store: Arc::new(sqlite),
         floor: Some(floor),
         redis_floor: None,
+        defaults: Some(Floor::Sqlite(idem::SqliteStore::new(defaults))),
     });
     if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
         let store = idem::PostgresStore::connect(&url).await.unwrap();
         let store = fresh_table!(store, "DROP TABLE IF EXISTS idem_bench_record");
         let floor = Floor::Postgres(store.clone());
+        let defaults = idem::sqlx::PgPool::connect(&url).await.unwrap();
         backends.push(Backend {
             name: "PostgreSQL",
             store: Arc::new(store),
             floor: Some(floor),
             redis_floor: None,
+            defaults: Some(Floor::Postgres(
+                idem::PostgresStore::new(defaults)
+                    .with_table_name("idem_bench_record")
+                    .unwrap(),
+            )),
         });
     }
     // The same server through PgBouncer (`.ci/start-pgbouncer`): in session mode with
@@ -422,6 +448,7 @@ async fn backends() -> Vec<Backend> {
             store: Arc::new(store),
             floor: None,
             redis_floor: None,
+            defaults: None,
         });
     }
     // MariaDB alone, and one node of a Galera cluster (its first URL): certification at
@@ -436,11 +463,19 @@ async fn backends() -> Vec<Backend> {
             .unwrap();
         let store = fresh_table!(store, "DROP TABLE IF EXISTS idem_bench_record");
         let floor = Floor::MySql(store.clone());
+        let defaults = idem::sqlx::MySqlPool::connect(urls.split(',').next().unwrap())
+            .await
+            .unwrap();
         backends.push(Backend {
             name,
             store: Arc::new(store),
             floor: Some(floor),
             redis_floor: None,
+            defaults: Some(Floor::MySql(
+                idem::MySqlStore::new(defaults)
+                    .with_table_name("idem_bench_record")
+                    .unwrap(),
+            )),
         });
     }
     if let Ok(url) = std::env::var("IDEM_TEST_REDIS_URL") {
@@ -450,6 +485,7 @@ async fn backends() -> Vec<Backend> {
             store: Arc::new(store.clone()),
             floor: None,
             redis_floor: Some(redis_floor::RedisFloor::connect(&url, store).await),
+            defaults: None,
         });
     }
     backends
@@ -493,14 +529,16 @@ async fn latency(backend: &Backend, calls: usize) {
                 match variant {
                     0 => drop(std::hint::black_box(op.execute(key, bare(i as u64)).await.unwrap())),
                     1 => backend.by_hand(&key).await,
+                    4 => seed_floor::claim_and_record(backend.defaults.as_ref().unwrap(), &key, false).await,
                     v => seed_floor::claim_and_record(backend.floor.as_ref().unwrap(), &key, v == 3).await,
                 }
             })
         },
-        match (&backend.floor, &backend.redis_floor) {
-            (Some(_), _) => 4,
-            (None, Some(_)) => 2,
-            (None, None) => 1,
+        match (&backend.floor, &backend.redis_floor, &backend.defaults) {
+            (Some(_), _, Some(_)) => 5,
+            (Some(_), _, None) => 4,
+            (None, Some(_), _) => 2,
+            (None, None, _) => 1,
         },
     )
     .await
@@ -509,6 +547,7 @@ async fn latency(backend: &Backend, calls: usize) {
     let floor = alternated.next();
     let seed = alternated.next();
     let seed_moving_expiry = alternated.next();
+    let seed_on_defaults = alternated.next();
     op.execute(format!("{run}-hot"), bare(0)).await.unwrap();
     let replay = sample(calls, |_| {
         let op = &op;
@@ -548,9 +587,23 @@ async fn latency(backend: &Backend, calls: usize) {
     if let Some(moving) = &seed_moving_expiry {
         row("seed-design floor, its UPDATE moving the expiry", moving, seed.as_ref());
     }
+    if let Some(on_defaults) = &seed_on_defaults {
+        row(
+            "seed-design floor on a pool with sqlx's defaults (a ping before every statement)",
+            on_defaults,
+            seed.as_ref(),
+        );
+    }
     row("idem first execution", &first, floor.as_ref());
     if let Some(seed) = &seed {
         row("idem first execution, against the seed design", &first, Some(seed));
+    }
+    if let Some(on_defaults) = &seed_on_defaults {
+        row(
+            "idem first execution, against the seed design on sqlx's default pool",
+            &first,
+            Some(on_defaults),
+        );
     }
     row("idem replay", &replay, None);
     row("idem replay via CachedStore", &cached_replay, None);

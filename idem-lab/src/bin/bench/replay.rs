@@ -13,8 +13,11 @@ use super::{alternate, bare, length_micros, micros, run_id, Backend, Floor, Perc
 
 /// The rows of every backend a replay reads a server for.
 pub async fn report(backends: &[Backend], calls: usize) {
-    println!("\n| backend | read by primary key (p50 µs) | idem replay | replay ÷ read | insert, then read, by hand | replay ÷ by hand |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "\n| backend | read by primary key (p50 µs) | idem replay | replay ÷ read | insert, then read, by hand | replay ÷ by hand | \
+         the read on a pool with sqlx's defaults | replay ÷ that read |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for backend in backends {
         if backend.floor.is_none() && backend.redis_floor.is_none() {
             continue;
@@ -27,6 +30,13 @@ pub async fn report(backends: &[Backend], calls: usize) {
         let op = Idempotent::new(BIZ).store(backend.store.clone());
         op.execute(key.clone(), bare(0)).await.unwrap();
         let (op, key) = (&op, key.as_str());
+        // The variants in turn: the read, the replay, then those this backend has.
+        let extra: Vec<Extra<'_>> = by_hand
+            .map(Extra::ByHand)
+            .into_iter()
+            .chain(backend.defaults.as_ref().map(Extra::OnDefaults))
+            .collect();
+        let extra = &extra;
         let measured = alternate(
             calls,
             |variant, _| {
@@ -34,26 +44,45 @@ pub async fn report(backends: &[Backend], calls: usize) {
                     match variant {
                         0 => drop(black_box(backend.store.get(BIZ, key).await.unwrap())),
                         1 => drop(black_box(op.execute(key, bare(1)).await.unwrap())),
-                        _ => insert_then_read(by_hand.unwrap(), key).await,
+                        v => match extra[v - 2] {
+                            Extra::ByHand(floor) => insert_then_read(floor, key).await,
+                            Extra::OnDefaults(defaults) => drop(black_box(defaults.get(key).await)),
+                        },
                     }
                 })
             },
-            if by_hand.is_some() { 3 } else { 2 },
+            2 + extra.len(),
         )
         .await;
         let ratio = |a: &Percentiles, b: &Percentiles| format!("{:.2}×", a.p50.as_secs_f64() / b.p50.as_secs_f64());
         let (read, replay) = (&measured[0], &measured[1]);
-        let (hand, over_hand) = measured.get(2).map_or(("—".to_owned(), "—".to_owned()), |hand| {
-            (micros(hand.p50), ratio(replay, hand))
-        });
+        let column = |which: fn(&Extra<'_>) -> bool| {
+            extra
+                .iter()
+                .position(which)
+                .map_or(("—".to_owned(), "—".to_owned()), |i| {
+                    let other = &measured[2 + i];
+                    (micros(other.p50), ratio(replay, other))
+                })
+        };
+        let (hand, over_hand) = column(|extra| matches!(extra, Extra::ByHand(_)));
+        let (defaults, over_defaults) = column(|extra| matches!(extra, Extra::OnDefaults(_)));
         println!(
-            "| {} | {} | {} | {} | {hand} | {over_hand} |",
+            "| {} | {} | {} | {} | {hand} | {over_hand} | {defaults} | {over_defaults} |",
             backend.name,
             micros(read.p50),
             micros(replay.p50),
             ratio(replay, read)
         );
     }
+}
+
+/// A variant of the replay table beyond the read and the replay.
+enum Extra<'a> {
+    /// The store's plain insert, then its read, by hand.
+    ByHand(&'a Floor),
+    /// The read on a pool with sqlx's defaults.
+    OnDefaults(&'a Floor),
 }
 
 /// The store's plain insert, which meets the record (on PostgreSQL returning no row,
