@@ -119,7 +119,7 @@ async fn the_read_before_the_claim_judges_what_it_read() {
 
 /// The table refuses a status idem never writes, and checking it costs no temporary
 /// index: neither an insert's program nor the completion's opens an ephemeral table (a
-/// check written `status IN (…)` would build one on every write, about 4 µs each). (The
+/// check written `status IN (…)` would build one on every write, 9–13 µs a claim and its completion). (The
 /// claim's own program opens one for its `RETURNING` rows.)
 #[tokio::test]
 async fn the_status_check_refuses_other_statuses_and_builds_no_temporary_index() {
