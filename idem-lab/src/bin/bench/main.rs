@@ -365,12 +365,18 @@ async fn mysql_rows(
     );
 }
 
-/// `store` on a table of its own, made anew for the run (as the seed design's floor
-/// is): every statement measured on a table of the same size.
+/// The table of the stores the bench measures on a server (made anew for each run).
+const BENCH_TABLE: &str = "idem_bench_record";
+
+/// `store` on a table of its own, [`BENCH_TABLE`], made anew for the run (as the seed
+/// design's floor is): every statement measured on a table of the same size.
 macro_rules! fresh_table {
-    ($store:expr, $drop:expr) => {{
-        idem::sqlx::query($drop).execute($store.pool()).await.unwrap();
-        let store = $store.with_table_name("idem_bench_record").unwrap();
+    ($store:expr) => {{
+        idem::sqlx::query(&format!("DROP TABLE IF EXISTS {BENCH_TABLE}"))
+            .execute($store.pool())
+            .await
+            .unwrap();
+        let store = $store.with_table_name(BENCH_TABLE).unwrap();
         store.migrate().await.unwrap();
         store
     }};
@@ -401,7 +407,7 @@ async fn backends() -> Vec<Backend> {
     });
     if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
         let store = idem::PostgresStore::connect(&url).await.unwrap();
-        let store = fresh_table!(store, "DROP TABLE IF EXISTS idem_bench_record");
+        let store = fresh_table!(store);
         let floor = Floor::Postgres(store.clone());
         let defaults = idem::sqlx::PgPool::connect(&url).await.unwrap();
         backends.push(Backend {
@@ -410,9 +416,7 @@ async fn backends() -> Vec<Backend> {
             floor: Some(floor),
             redis_floor: None,
             defaults: Some(Floor::Postgres(
-                idem::PostgresStore::new(defaults)
-                    .with_table_name("idem_bench_record")
-                    .unwrap(),
+                idem::PostgresStore::new(defaults).with_table_name(BENCH_TABLE).unwrap(),
             )),
         });
     }
@@ -461,7 +465,7 @@ async fn backends() -> Vec<Backend> {
         let store = idem::MySqlStore::connect(urls.split(',').next().unwrap())
             .await
             .unwrap();
-        let store = fresh_table!(store, "DROP TABLE IF EXISTS idem_bench_record");
+        let store = fresh_table!(store);
         let floor = Floor::MySql(store.clone());
         let defaults = idem::sqlx::MySqlPool::connect(urls.split(',').next().unwrap())
             .await
@@ -472,9 +476,7 @@ async fn backends() -> Vec<Backend> {
             floor: Some(floor),
             redis_floor: None,
             defaults: Some(Floor::MySql(
-                idem::MySqlStore::new(defaults)
-                    .with_table_name("idem_bench_record")
-                    .unwrap(),
+                idem::MySqlStore::new(defaults).with_table_name(BENCH_TABLE).unwrap(),
             )),
         });
     }

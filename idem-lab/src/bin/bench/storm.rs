@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use idem::{IdempotencyStore, Idempotent};
 
-use super::{bare, percentiles, run_id, Backend};
+use super::{bare, percentiles, run_id, Backend, BENCH_TABLE};
 
 /// The body every storm call runs.
 const BODY: Duration = Duration::from_millis(20);
@@ -201,14 +201,14 @@ async fn open(backend: &str, sqlite_path: &str) -> Arc<dyn IdempotencyStore> {
             idem::PostgresStore::connect(&url("IDEM_TEST_POSTGRES_URL"))
                 .await
                 .unwrap()
-                .with_table_name("idem_bench_record")
+                .with_table_name(BENCH_TABLE)
                 .unwrap(),
         ),
         "MariaDB" => Arc::new(
             idem::MySqlStore::connect(&url("IDEM_TEST_MYSQL_URL"))
                 .await
                 .unwrap()
-                .with_table_name("idem_bench_record")
+                .with_table_name(BENCH_TABLE)
                 .unwrap(),
         ),
         "Redis" => Arc::new(idem::RedisStore::connect(&url("IDEM_TEST_REDIS_URL")).await.unwrap()),
