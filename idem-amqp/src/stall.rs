@@ -133,3 +133,31 @@ pub(crate) async fn watch(channel: &Channel, queue: &str, room: usize, quiet: Du
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A question the broker refuses (its queue is gone: 404, and the channel closed
+    /// with it) ends the watch at once, the session taken for stalled, instead of
+    /// asking again on a dead channel for ever.
+    #[tokio::test]
+    async fn a_refused_question_ends_the_watch() {
+        let Some(url) = idem_testkit::conformance::server_url("IDEM_TEST_AMQP_URL", "RabbitMQ") else {
+            return;
+        };
+        let connection = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .expect("the broker is reachable");
+        let channel = connection.create_channel().await.expect("a channel is opened");
+        let quiet = Duration::from_millis(100);
+        let stall = tokio::time::timeout(
+            Duration::from_secs(10),
+            watch(&channel, "idem.test.stall.no-such-queue", 1, quiet, &Activity::new()),
+        )
+        .await
+        .expect("a refused question left the watch asking past 10 s");
+        assert!(matches!(stall, Stall::Failed(_)), "{stall}");
+        assert!(stall.to_string().contains("NOT_FOUND"), "{stall}");
+    }
+}
