@@ -5,9 +5,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lapin::{Channel, Connection, ConnectionProperties};
 use tracing::warn;
+
+use crate::answer::within;
+
+/// How long opening a session on one node may take (connecting, the channel, the
+/// topology it declares, and what the consumer or the relay asks before it starts),
+/// unless told otherwise: a node that takes connections and never answers (a paused
+/// broker, a half-dead host) is given up after it, and the next node is tried.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a new channel needs before it is used: exchanges, queues and bindings.
 pub(crate) type Setup =
@@ -34,6 +43,8 @@ pub(crate) struct Broker {
     /// lost, so that a dead node is tried last.
     next: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) properties: ConnectionProperties,
+    /// How long opening a session on one node may take.
+    pub(crate) connect_timeout: Duration,
 }
 
 impl Broker {
@@ -45,7 +56,14 @@ impl Broker {
             url,
             next: Arc::default(),
             properties: ConnectionProperties::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
         }
+    }
+
+    /// `request`, a step of opening a session, given up (and taken for failed) once the
+    /// connect timeout has passed without its answer.
+    pub(crate) async fn opening<T>(&self, request: impl Future<Output = lapin::Result<T>>) -> lapin::Result<T> {
+        within(self.connect_timeout, request).await.map_err(lapin::Error::from)
     }
 }
 
@@ -68,7 +86,9 @@ fn nodes_of(url: &str) -> Vec<String> {
 
 /// A connection to `broker` (the first of its nodes that answers, from the one after
 /// the node last lost), named `name` in the broker's connection list, and a channel on
-/// it with the topology declared.
+/// it with the topology declared. A node that has not answered all of it within the
+/// broker's connect timeout is given up (the half-open connection dropped, which
+/// closes its socket) for the next.
 pub(crate) async fn open(
     broker: &Broker,
     name: &str,
@@ -87,7 +107,7 @@ pub(crate) async fn open(
             }
             Ok::<_, lapin::Error>((connection, channel))
         };
-        match opened.await {
+        match broker.opening(opened).await {
             Ok(opened) => {
                 // Should this node be lost, the next session starts with the one after it.
                 broker.next.store(node + 1, Ordering::Relaxed);

@@ -84,6 +84,7 @@ impl std::fmt::Debug for Consumer {
             .field("on_failure", &self.on_failure)
             .field("max_attempts", &self.attempts.max())
             .field("stall_check", &self.stall_check)
+            .field("connect_timeout", &self.broker.connect_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +169,16 @@ impl Consumer {
         self
     }
 
+    /// How long opening a session on one node may take — connecting, the channel, the
+    /// [`on_connect`](Self::on_connect) topology, the prefetch and the consume (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT), 10 s). A node that
+    /// takes the connection and never answers (a paused broker, a half-dead host) is
+    /// given up after it, and the next node of the cluster is tried.
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.broker.connect_timeout = limit;
+        self
+    }
+
     /// What happens to a message that can never succeed (default: dead-lettered).
     pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
         self.on_failure = on_failure;
@@ -246,14 +257,17 @@ impl Consumer {
     {
         let name = format!("idem consumer of {}", self.queue);
         let (connection, channel) = connection::open(&self.broker, &name, self.declare.as_ref()).await?;
-        channel.basic_qos(self.prefetch, BasicQosOptions::default()).await?;
-        let deliveries = channel
-            .basic_consume(
+        let broker = &self.broker;
+        broker
+            .opening(channel.basic_qos(self.prefetch, BasicQosOptions::default()))
+            .await?;
+        let deliveries = broker
+            .opening(channel.basic_consume(
                 self.queue.as_str().into(),
                 "".into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
-            )
+            ))
             .await?;
         info!(queue = %self.queue, prefetch = self.prefetch, "consuming");
         let activity = Activity::new();

@@ -91,6 +91,8 @@
 
 mod answer;
 mod connection;
+
+pub use connection::DEFAULT_CONNECT_TIMEOUT;
 mod consumer;
 mod message;
 pub mod observe;

@@ -67,6 +67,7 @@ impl std::fmt::Debug for AmqpBroker {
             .field("url", &idem_runtime::redacted_url(&self.broker.url))
             .field("declares", &self.declare.is_some())
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("connect_timeout", &self.broker.connect_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +93,17 @@ impl AmqpBroker {
     /// queue confirms once a majority of its nodes wrote the message to disk).
     pub fn confirm_timeout(mut self, limit: Duration) -> Self {
         self.confirm_timeout = limit;
+        self
+    }
+
+    /// How long opening a session on one node may take — connecting, the channel, the
+    /// [`on_connect`](Self::on_connect) topology and confirm mode — and how long the
+    /// relay waits for the broker to say whether a row's exchange exists (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT), 10 s). A node that
+    /// takes the connection and never answers (a paused broker, a half-dead host) is
+    /// given up after it, and the next node of the cluster is tried.
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.broker.connect_timeout = limit;
         self
     }
 
@@ -159,7 +171,9 @@ impl idem_messaging::Broker for AmqpBroker {
 
     async fn connect(&self, name: &str) -> Result<AmqpSession, lapin::Error> {
         let (connection, channel) = connection::open(&self.broker, name, self.declare.as_ref()).await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        self.broker
+            .opening(channel.confirm_select(ConfirmSelectOptions::default()))
+            .await?;
         Ok(AmqpSession {
             connection,
             channel,
@@ -179,7 +193,7 @@ impl idem_messaging::Broker for AmqpBroker {
         let mut pending = Vec::with_capacity(rows.len());
         for row in rows {
             let message = &row.message;
-            if let Some(missing) = session.missing(&message.exchange).await? {
+            if let Some(missing) = session.missing(&self.broker, &message.exchange).await? {
                 published.failed.push(Failed { row, error: missing });
                 continue;
             }
@@ -262,21 +276,22 @@ impl AmqpSession {
     /// default exchange (`""`) always exists. Each other exchange is looked up once per
     /// session, with a passive declare on a channel of its own: publishing to a missing
     /// exchange would close the relay's channel and end the session, again and again.
-    async fn missing(&mut self, exchange: &str) -> Result<Option<String>, lapin::Error> {
+    /// Each request of it is bounded by `broker`'s connect timeout.
+    async fn missing(&mut self, broker: &connection::Broker, exchange: &str) -> Result<Option<String>, lapin::Error> {
         if exchange.is_empty() || self.known.contains(exchange) {
             return Ok(None);
         }
-        let probe = self.connection.create_channel().await?;
+        let probe = broker.opening(self.connection.create_channel()).await?;
         let passive = ExchangeDeclareOptions {
             passive: true,
             ..ExchangeDeclareOptions::default()
         };
-        let declared = probe
-            .exchange_declare(exchange.into(), ExchangeKind::Direct, passive, FieldTable::default())
+        let declared = broker
+            .opening(probe.exchange_declare(exchange.into(), ExchangeKind::Direct, passive, FieldTable::default()))
             .await;
         match declared {
             Ok(()) => {
-                let _ = probe.close(200, "exchange found".into()).await;
+                let _ = broker.opening(probe.close(200, "exchange found".into())).await;
                 self.known.insert(exchange.to_owned());
                 Ok(None)
             }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use idem::amqp::lapin::options::{BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions};
 use idem::amqp::lapin::types::{AMQPValue, FieldTable};
 use idem::amqp::lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use idem::amqp::{Consumer, ConsumerStats, HandlerError, KeySource, Message, OnFailure, Outbox, OutboxMessage, Relay};
+use idem::amqp::{
+    AmqpBroker, Consumer, ConsumerStats, HandlerError, KeySource, Message, OnFailure, Outbox, OutboxMessage, Relay,
+};
 use idem::{Error, Idempotent, MemoryStore, OnError};
 use idem_testkit::conformance::faulty::{Fault, FaultyStore, Op, Store};
 use serde_json::{json, Value};
@@ -1301,4 +1303,76 @@ async fn a_poison_message_on_a_quorum_queue_is_bounded_across_consumers() {
         assert!(Instant::now() < deadline, "the poison message was not dead-lettered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A node that takes connections and never answers (a paused broker, a half-dead host),
+/// and how many connections it took.
+struct SilentNode {
+    url: String,
+    taken: Arc<AtomicU32>,
+}
+
+impl SilentNode {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("amqp://guest:guest@{}/%2f", listener.local_addr().unwrap());
+        let taken = Arc::new(AtomicU32::new(0));
+        let counted = taken.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                // Read what the client sends, and answer nothing.
+                tokio::spawn(async move {
+                    let mut buffer = [0u8; 1024];
+                    while let Ok(1..) = tokio::io::AsyncReadExt::read(&mut socket, &mut buffer).await {}
+                });
+            }
+        });
+        SilentNode { url, taken }
+    }
+}
+
+/// The first node of the cluster takes connections and never answers. The consumer and
+/// the relay each give it up after their connect timeout and go on to the next node:
+/// every row is published and consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_answers_is_passed_over_by_the_consumer_and_the_relay() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.silent-node";
+    let channel = fresh_queue(&url, queue).await;
+    let silent = SilentNode::start().await;
+    let cluster = format!("{},{url}", silent.url);
+    let limit = Duration::from_millis(500);
+    let file = idem_testkit::scratch::path("silent-node.db");
+    let pool = idem::sqlx::SqlitePool::connect(&format!("sqlite://{}?mode=rwc", file.display()))
+        .await
+        .unwrap();
+    const ROWS: u64 = 20;
+    let outbox = filled_outbox(&pool, "outbox_silent_node", queue, ROWS).await;
+    let broker = AmqpBroker::new(cluster.as_str()).connect_timeout(limit);
+    let relay = Relay::new(pool.clone(), outbox, broker).idle(Duration::from_millis(20));
+    let _stop_relay = spawn_relay(&relay);
+    let consumer = Consumer::new(cluster.as_str(), queue).connect_timeout(limit);
+    let _stop_consumer = spawn(consumer.clone(), |_: Message<Value>| async {
+        Ok::<_, Error>(Value::Null)
+    });
+    let stats = until(&consumer, |s| s.acked >= ROWS).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while relay.stats().marked_sent < ROWS {
+        assert!(
+            Instant::now() < deadline,
+            "the relay marked its rows sent: {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        silent.taken.load(Ordering::SeqCst) >= 2,
+        "both tried the silent node first: {}",
+        silent.taken.load(Ordering::SeqCst)
+    );
+    assert_eq!(waiting(&channel, queue).await, 0);
+    println!("{queue}: {ROWS} rows published and consumed past a silent node: {stats:?}");
+    drop(pool);
+    let _ = std::fs::remove_file(file);
 }
