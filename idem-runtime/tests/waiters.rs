@@ -344,3 +344,133 @@ async fn a_notice_never_sent_still_answers_before_the_deadline() {
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
     assert_eq!(holder.await.unwrap().unwrap(), "first");
 }
+
+/// `n` waiters of `op`'s key `k`, each body counted in `bodies` and answering with its
+/// caller's number after `body`.
+fn waiters(
+    op: &Arc<Idempotent>,
+    n: usize,
+    bodies: &Arc<AtomicUsize>,
+    body: Duration,
+) -> Vec<tokio::task::JoinHandle<Result<String, Error>>> {
+    (0..n)
+        .map(|i| {
+            let (op, bodies) = (op.clone(), bodies.clone());
+            tokio::spawn(async move {
+                op.execute("k", async move {
+                    bodies.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(body).await;
+                    Ok::<_, Error>(format!("answer of waiter {i}"))
+                })
+                .await
+            })
+        })
+        .collect()
+}
+
+/// Every waiter's answer, which must be one and the same.
+async fn one_answer(waiters: Vec<tokio::task::JoinHandle<Result<String, Error>>>) -> String {
+    let mut answers = Vec::new();
+    for waiter in waiters {
+        answers.push(waiter.await.unwrap().expect("every waiter is answered"));
+    }
+    assert!(
+        answers.iter().all(|answer| *answer == answers[0]),
+        "the waiters got different answers"
+    );
+    answers.swap_remove(0)
+}
+
+/// The holder of a key that hundreds wait on is dropped mid-body (its task cancelled):
+/// its lease lapses, one waiter takes the key over and runs its body once, and every
+/// waiter gets that run's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_dropped_under_a_storm_is_taken_over_by_one_waiter() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let store = Counting::on(MemoryStore::new());
+    let op = Arc::new(
+        Idempotent::new("dropped-holder-storm")
+            .store(store.clone())
+            .lease(Duration::from_millis(300))
+            .wait(Duration::from_secs(10)),
+    );
+    let (running, claimed) = tokio::sync::oneshot::channel();
+    let holder = tokio::spawn({
+        let op = op.clone();
+        async move {
+            op.execute("k", async move {
+                running.send(()).unwrap();
+                std::future::pending::<()>().await;
+                Ok::<_, Error>("never".to_owned())
+            })
+            .await
+        }
+    });
+    claimed.await.expect("the holder's body runs");
+    let bodies = Arc::new(AtomicUsize::new(0));
+    let storm = waiters(&op, 300, &bodies, Duration::from_millis(50));
+    until("the waiters to read", || store.reads.load(Ordering::SeqCst) > 0).await;
+    holder.abort();
+    assert!(holder.await.unwrap_err().is_cancelled());
+    let answer = one_answer(storm).await;
+    assert_eq!(bodies.load(Ordering::SeqCst), 1, "one waiter took the key over and ran");
+    assert!(answer.starts_with("answer of waiter"), "{answer}");
+    until("the flight to close", || observe::waited_keys() == 0).await;
+}
+
+/// A business's failure, or idem's error.
+#[derive(Debug)]
+enum Declined {
+    ByTheBank,
+    #[allow(dead_code)]
+    Idem(Error),
+}
+
+impl From<Error> for Declined {
+    fn from(error: Error) -> Self {
+        Declined::Idem(error)
+    }
+}
+
+/// The holder's body fails, and its claim is released (the default): one waiter runs
+/// its body in its place, and every waiter gets that run's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_holder_under_a_storm_is_followed_by_one_run() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let store = Counting::on(MemoryStore::new());
+    let op = Arc::new(
+        Idempotent::new("failed-holder-storm")
+            .store(store.clone())
+            .wait(Duration::from_secs(10)),
+    );
+    let (running, claimed) = tokio::sync::oneshot::channel();
+    let (fail, failing) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn({
+        let op = op.clone();
+        async move {
+            op.execute("k", async move {
+                running.send(()).unwrap();
+                let _ = failing.await;
+                Err::<String, _>(Declined::ByTheBank)
+            })
+            .await
+        }
+    });
+    claimed.await.expect("the holder's body runs");
+    let bodies = Arc::new(AtomicUsize::new(0));
+    let storm = waiters(&op, 300, &bodies, Duration::from_millis(50));
+    until("the waiters to read", || store.reads.load(Ordering::SeqCst) > 0).await;
+    fail.send(()).unwrap();
+    assert!(
+        matches!(holder.await.unwrap(), Err(Declined::ByTheBank)),
+        "the holder's own call fails"
+    );
+    let answer = one_answer(storm).await;
+    assert_eq!(
+        bodies.load(Ordering::SeqCst),
+        1,
+        "one waiter ran in the failed holder's place"
+    );
+    assert!(answer.starts_with("answer of waiter"), "{answer}");
+    until("the flight to close", || observe::waited_keys() == 0).await;
+}
