@@ -165,6 +165,38 @@ async fn a_thousand_waiters_share_one_claim_and_one_read_a_round() {
     assert_eq!(observe::waited_keys(), 0, "the flight closed");
 }
 
+/// Callers that arrive while others of the key wait here join them: no claim of theirs
+/// reaches the store, and the waiters' next read answers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_arriving_while_others_wait_join_them_without_a_claim() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let store = Counting::on(MemoryStore::new());
+    let op = Arc::new(waiting("joining-waits", &store, Duration::from_secs(10)));
+    let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let holder = holder(&op, async move {
+        let _ = finished.await;
+        Ok::<_, Error>("first".to_owned())
+    })
+    .await;
+    let bodies = Arc::new(AtomicUsize::new(0));
+    let first = waiters(&op, 3, &bodies, Duration::ZERO);
+    until("a reader for the waiters", || observe::waited_keys() == 1).await;
+    until("a first read", || store.reads.load(Ordering::SeqCst) > 0).await;
+    let claims = store.claims.load(Ordering::SeqCst);
+    let later = waiters(&op, 50, &bodies, Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    finish.send(()).unwrap();
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+    assert_eq!(one_answer(first).await, "first");
+    assert_eq!(one_answer(later).await, "first");
+    assert_eq!(bodies.load(Ordering::SeqCst), 0, "no waiter ran");
+    assert_eq!(
+        store.claims.load(Ordering::SeqCst),
+        claims,
+        "callers arriving while others waited sent claims"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiter_leaves_nothing_behind() {
     let _serial = ONE_AT_A_TIME.lock().await;
