@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +41,11 @@ pub(crate) struct Broker {
     nodes: Arc<[String]>,
     /// The node the next session tries first: the one after the node the last session
     /// lost, so that a dead node is tried last.
-    next: Arc<std::sync::atomic::AtomicUsize>,
+    next: Arc<AtomicUsize>,
+    /// The nodes whose last attempt failed or was given up, one bit each (the first
+    /// 64): the next sessions try them after the others, so that a node that never
+    /// answers costs its timeout once, not at every turn of the rotation.
+    failed: Arc<AtomicU64>,
     pub(crate) properties: ConnectionProperties,
     /// How long opening a session on one node may take.
     pub(crate) connect_timeout: Duration,
@@ -55,8 +59,29 @@ impl Broker {
             nodes: nodes_of(&url).into(),
             url,
             next: Arc::default(),
+            failed: Arc::default(),
             properties: ConnectionProperties::default(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// The order the next session tries the nodes in: from the one after the node last
+    /// lost, those whose last attempt failed moved to the end.
+    fn order(&self) -> Vec<usize> {
+        order(
+            self.nodes.len(),
+            self.next.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Note how the last attempt on `node` went.
+    fn attempted(&self, node: usize, failed: bool) {
+        let bit = node_bit(node);
+        if failed {
+            self.failed.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.failed.fetch_and(!bit, Ordering::Relaxed);
         }
     }
 
@@ -65,6 +90,20 @@ impl Broker {
     pub(crate) async fn opening<T>(&self, request: impl Future<Output = lapin::Result<T>>) -> lapin::Result<T> {
         within(self.connect_timeout, request).await.map_err(lapin::Error::from)
     }
+}
+
+/// `node`'s bit in a set of failed nodes (none past the 64th: those are never put
+/// off).
+fn node_bit(node: usize) -> u64 {
+    u32::try_from(node).ok().and_then(|n| 1u64.checked_shl(n)).unwrap_or(0)
+}
+
+/// `nodes` nodes in turn from `first`, those in `failed` after the others (each group
+/// in turn).
+fn order(nodes: usize, first: usize, failed: u64) -> Vec<usize> {
+    let turn = (0..nodes).map(|i| (first + i) % nodes);
+    let (answered, put_off): (Vec<usize>, Vec<usize>) = turn.partition(|&node| failed & node_bit(node) == 0);
+    answered.into_iter().chain(put_off).collect()
 }
 
 /// The nodes' URLs in `url`: split at each comma that starts another `amqp://` or
@@ -95,10 +134,8 @@ pub(crate) async fn open(
     declare: Option<&Setup>,
 ) -> Result<(Connection, Channel), lapin::Error> {
     let properties = broker.properties.clone().with_connection_name(name.into());
-    let first = broker.next.load(Ordering::Relaxed);
     let mut failure = None;
-    for i in 0..broker.nodes.len() {
-        let node = (first + i) % broker.nodes.len();
+    for node in broker.order() {
         let opened = async {
             let connection = Connection::connect(&broker.nodes[node], properties.clone()).await?;
             let channel = connection.create_channel().await?;
@@ -111,9 +148,11 @@ pub(crate) async fn open(
             Ok(opened) => {
                 // Should this node be lost, the next session starts with the one after it.
                 broker.next.store(node + 1, Ordering::Relaxed);
+                broker.attempted(node, false);
                 return Ok(opened);
             }
             Err(error) => {
+                broker.attempted(node, true);
                 warn!(broker = %idem_runtime::redacted_url(&broker.nodes[node]), %error, "cannot connect; trying the next node");
                 failure = Some(error);
             }
@@ -128,7 +167,20 @@ pub(crate) async fn open(
 
 #[cfg(test)]
 mod tests {
-    use super::nodes_of;
+    use super::{node_bit, nodes_of, order};
+
+    #[test]
+    fn nodes_are_tried_in_turn_and_those_that_failed_last() {
+        assert_eq!(order(3, 0, 0), [0, 1, 2]);
+        assert_eq!(order(3, 2, 0), [2, 0, 1]);
+        assert_eq!(order(3, 1, node_bit(1)), [2, 0, 1]);
+        assert_eq!(order(3, 1, node_bit(2)), [1, 0, 2]);
+        assert_eq!(order(3, 0, node_bit(0) | node_bit(2)), [1, 0, 2]);
+        assert_eq!(order(3, 4, u64::MAX), [1, 2, 0]);
+        // Past the 64th node, a node is never put off.
+        assert_eq!(node_bit(64), 0);
+        assert_eq!(order(66, 64, u64::MAX)[..2], [64, 65]);
+    }
 
     #[test]
     fn a_cluster_url_names_each_node_and_a_comma_inside_a_url_stays_there() {

@@ -173,7 +173,8 @@ impl Consumer {
     /// [`on_connect`](Self::on_connect) topology, the prefetch and the consume (default
     /// [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT), 10 s). A node that
     /// takes the connection and never answers (a paused broker, a half-dead host) is
-    /// given up after it, and the next node of the cluster is tried.
+    /// given up after it, and the next node of the cluster is tried; the next sessions
+    /// try it after the nodes that answered.
     pub fn connect_timeout(mut self, limit: Duration) -> Self {
         self.broker.connect_timeout = limit;
         self

@@ -1376,3 +1376,40 @@ async fn a_node_that_never_answers_is_passed_over_by_the_consumer_and_the_relay(
     drop(pool);
     let _ = std::fs::remove_file(file);
 }
+
+/// A node that never answered is put off: when the consumer's session on the next node
+/// is lost (its connection cut), the new session goes to the nodes that answered before
+/// it tries the silent one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_never_answered_is_tried_after_the_others() {
+    let Some(url) = amqp_url() else { return };
+    let queue = "idem.test.silent-node-put-off";
+    let channel = fresh_queue(&url, queue).await;
+    const MESSAGES: u64 = 20;
+    for i in 0..MESSAGES {
+        publish(&channel, queue, Some(&format!("order-{i}")), b"{}").await;
+    }
+    let silent = SilentNode::start().await;
+    let proxy = proxy::Swallowing::start(&url).await;
+    let consumer = Consumer::new(format!("{},{}", silent.url, proxy.url()), queue)
+        .prefetch(1)
+        .connect_timeout(Duration::from_millis(500));
+    let _stop = spawn(consumer.clone(), |_: Message<Value>| async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok::<_, Error>(Value::Null)
+    });
+    until(&consumer, |s| s.acked >= 5).await;
+    assert_eq!(
+        silent.taken.load(Ordering::SeqCst),
+        1,
+        "the first session tried the silent node"
+    );
+    proxy.cut();
+    let stats = until(&consumer, |s| s.sessions_lost >= 1 && s.acked >= MESSAGES).await;
+    assert_eq!(waiting(&channel, queue).await, 0);
+    assert_eq!(
+        silent.taken.load(Ordering::SeqCst),
+        1,
+        "the new session tried the silent node again before the one that answered: {stats:?}"
+    );
+}
