@@ -126,8 +126,9 @@ fn nodes_of(url: &str) -> Vec<String> {
 /// A connection to `broker` (the first of its nodes that answers, from the one after
 /// the node last lost), named `name` in the broker's connection list, and a channel on
 /// it with the topology declared. A node that has not answered all of it within the
-/// broker's connect timeout is given up (the half-open connection dropped, which
-/// closes its socket) for the next.
+/// broker's connect timeout is given up for the next; lapin keeps the half-open
+/// connection (its socket and I/O thread) until that node answers or closes it, since
+/// it has no way to drop one whose handshake has not finished.
 pub(crate) async fn open(
     broker: &Broker,
     name: &str,

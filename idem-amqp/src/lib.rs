@@ -91,8 +91,6 @@
 
 mod answer;
 mod connection;
-
-pub use connection::DEFAULT_CONNECT_TIMEOUT;
 mod consumer;
 mod message;
 pub mod observe;
@@ -101,6 +99,7 @@ mod stall;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 mod relay;
 
+pub use connection::DEFAULT_CONNECT_TIMEOUT;
 pub use consumer::{Consumer, DEFAULT_PREFETCH, DEFAULT_REDELIVER_AFTER, DEFAULT_STALL_CHECK};
 pub use idem_messaging::{ConsumerStats, HandlerError, OnFailure, DEFAULT_MAX_ATTEMPTS};
 pub use message::{KeyFn, KeySource, Message};

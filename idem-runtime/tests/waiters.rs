@@ -140,6 +140,42 @@ where
     holder
 }
 
+/// `n` callers of `op`'s key `k`, each body counted in `bodies` and answering with its
+/// caller's number after `body`.
+fn waiters(
+    op: &Arc<Idempotent>,
+    n: usize,
+    bodies: &Arc<AtomicUsize>,
+    body: Duration,
+) -> Vec<tokio::task::JoinHandle<Result<String, Error>>> {
+    (0..n)
+        .map(|i| {
+            let (op, bodies) = (op.clone(), bodies.clone());
+            tokio::spawn(async move {
+                op.execute("k", async move {
+                    bodies.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(body).await;
+                    Ok::<_, Error>(format!("answer of waiter {i}"))
+                })
+                .await
+            })
+        })
+        .collect()
+}
+
+/// Every waiter's answer, which must be one and the same.
+async fn one_answer(waiters: Vec<tokio::task::JoinHandle<Result<String, Error>>>) -> String {
+    let mut answers = Vec::new();
+    for waiter in waiters {
+        answers.push(waiter.await.unwrap().expect("every waiter is answered"));
+    }
+    assert!(
+        answers.iter().all(|answer| *answer == answers[0]),
+        "the waiters got different answers"
+    );
+    answers.swap_remove(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_waiters_share_one_claim_and_one_read_a_round() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -208,12 +244,7 @@ async fn a_dropped_waiter_leaves_nothing_behind() {
         Ok::<_, Error>("first".to_owned())
     })
     .await;
-    let waiters: Vec<_> = (0..3)
-        .map(|_| {
-            let op = op.clone();
-            tokio::spawn(async move { op.execute("k", async { Ok::<_, Error>("second".to_owned()) }).await })
-        })
-        .collect();
+    let waiters = waiters(&op, 3, &Arc::default(), Duration::ZERO);
     until("a reader for the waiters", || observe::waited_keys() == 1).await;
     until("a first read", || store.reads.load(Ordering::SeqCst) > 0).await;
     for waiter in &waiters {
@@ -364,42 +395,6 @@ async fn a_notice_never_sent_still_answers_before_the_deadline() {
     let waited = wait_on("unsent-notices", waiting, Duration::from_millis(700)).await;
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
     assert_eq!(holder.await.unwrap().unwrap(), "first");
-}
-
-/// `n` callers of `op`'s key `k`, each body counted in `bodies` and answering with its
-/// caller's number after `body`.
-fn waiters(
-    op: &Arc<Idempotent>,
-    n: usize,
-    bodies: &Arc<AtomicUsize>,
-    body: Duration,
-) -> Vec<tokio::task::JoinHandle<Result<String, Error>>> {
-    (0..n)
-        .map(|i| {
-            let (op, bodies) = (op.clone(), bodies.clone());
-            tokio::spawn(async move {
-                op.execute("k", async move {
-                    bodies.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(body).await;
-                    Ok::<_, Error>(format!("answer of waiter {i}"))
-                })
-                .await
-            })
-        })
-        .collect()
-}
-
-/// Every waiter's answer, which must be one and the same.
-async fn one_answer(waiters: Vec<tokio::task::JoinHandle<Result<String, Error>>>) -> String {
-    let mut answers = Vec::new();
-    for waiter in waiters {
-        answers.push(waiter.await.unwrap().expect("every waiter is answered"));
-    }
-    assert!(
-        answers.iter().all(|answer| *answer == answers[0]),
-        "the waiters got different answers"
-    );
-    answers.swap_remove(0)
 }
 
 /// The holder of a key that hundreds wait on is dropped mid-body (its task cancelled):
