@@ -90,9 +90,9 @@ pub trait IdempotencyStore: Send + Sync + Debug + 'static {
     /// elsewhere (another process completes, fails or releases it): the
     /// [`Notice`] arrives then, or when the store may have missed telling (its listening
     /// connection dropped). The waiters of the key in this process read the record when
-    /// it arrives instead of polling for it; they still read it once after this call
-    /// (it may have finished meanwhile) and before each deadline (a notice can be
-    /// lost).
+    /// it arrives instead of polling for it; they still read it once as soon as this
+    /// call answers (it may have finished meanwhile) and before each deadline (a notice
+    /// can be lost).
     ///
     /// `Ok(None)` where the store cannot tell — the default; waiters then read on a
     /// schedule fitted to how long the biz's calls take. A wrapper forwards its inner

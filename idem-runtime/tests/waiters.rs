@@ -1,11 +1,13 @@
 //! Duplicates that wait: the callers of one key in one process share one claim and one
 //! read a round, a waiter dropped mid-wait leaves nothing behind, and a waiter reads
 //! once more just before its deadline. Where the store tells of completions, a notice
-//! wakes the waiters at once, and one lost or never sent costs a read, never an answer.
+//! wakes the waiters at once, one lost or never sent costs a read, never an answer, and
+//! a record that finished while the store set up its watch is read as soon as it has.
 //!
 //! The store is a `MemoryStore` behind a wrapper that counts what reaches it. The tests
 //! run one at a time: the count of waited keys is the process's.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -31,6 +33,9 @@ struct Counting {
     /// them (a store whose messages get through).
     notices: Option<Notices>,
     rings: bool,
+    /// Its watch is set up only once the record watched has finished (a listener that
+    /// connects late): the completion's notice went to no one.
+    watches_late: bool,
 }
 
 impl Counting {
@@ -90,6 +95,15 @@ impl IdempotencyStore for Counting {
         self.inner.release(lease).await
     }
     async fn watch(&self, biz: &str, key: &str) -> Result<Option<Notice>, StoreError> {
+        if self.watches_late {
+            let finished = || async {
+                let record = self.inner.get(biz, key).await.unwrap();
+                record.is_some_and(|record| record.status != idem_runtime::Status::Processing)
+            };
+            while !finished().await {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
         Ok(self.notices.as_ref().map(|notices| notices.watch(biz, key)))
     }
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
@@ -272,7 +286,12 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
     // the waiter's reader, which must find it by reading.
     let records = MemoryStore::new();
     let (holding, waiting) = (Counting::on(records.clone()), Counting::on(records));
-    let (holder, _) = hold("deadline-waits", holding, Duration::from_millis(120)).await;
+    let (holder, _) = hold(
+        "deadline-waits",
+        holding,
+        tokio::time::sleep(Duration::from_millis(120)),
+    )
+    .await;
     // The schedule reads at 5, 15, 35 and 75 ms, and next at 155 ms: past the waiter's
     // 150 ms. The read just before its deadline meets the record finished at 120 ms.
     let waited = Idempotent::new("deadline-waits")
@@ -285,13 +304,13 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
 }
 
 /// A holder on one handle of the store (its completion is news to the waiter's reader
-/// only through the store's notices) whose body takes `body`; it is returned once the
-/// holder's body runs (so its claim stands), with how it is awaited and when the body
-/// ended.
+/// only through the store's notices) whose body lasts until `body` resolves; it is
+/// returned once the holder's body runs (so its claim stands), with how it is awaited
+/// and when the body ended.
 async fn hold(
     biz: &'static str,
     holding: Arc<Counting>,
-    body: Duration,
+    body: impl Future<Output = ()> + Send + 'static,
 ) -> (
     tokio::task::JoinHandle<Result<String, Error>>,
     Arc<std::sync::OnceLock<Instant>>,
@@ -305,7 +324,7 @@ async fn hold(
                 .store(holding)
                 .execute("k", async move {
                     running.send(()).unwrap();
-                    tokio::time::sleep(body).await;
+                    body.await;
                     ended.set(Instant::now()).unwrap();
                     Ok::<_, Error>("first".to_owned())
                 })
@@ -333,7 +352,7 @@ async fn a_notice_wakes_the_waiters_at_once() {
     let (holder, ended) = hold(
         "noticed-waits",
         Counting::told_by(records, &notices, true),
-        Duration::from_millis(1500),
+        tokio::time::sleep(Duration::from_millis(1500)),
     )
     .await;
     let waited = wait_on("noticed-waits", waiting.clone(), Duration::from_secs(10)).await;
@@ -362,7 +381,7 @@ async fn a_lost_notice_costs_a_read_not_an_answer() {
     let (holder, ended) = hold(
         "lost-notices",
         Counting::told_by(records, &notices, false),
-        Duration::from_millis(1200),
+        tokio::time::sleep(Duration::from_millis(1200)),
     )
     .await;
     let waiter = tokio::spawn(wait_on("lost-notices", waiting, Duration::from_secs(10)));
@@ -387,7 +406,7 @@ async fn a_notice_never_sent_still_answers_before_the_deadline() {
     let (holder, _) = hold(
         "unsent-notices",
         Counting::told_by(records, &notices, false),
-        Duration::from_millis(300),
+        tokio::time::sleep(Duration::from_millis(300)),
     )
     .await;
     // The reader looks on its own a second after its first look: past this waiter's
@@ -395,6 +414,41 @@ async fn a_notice_never_sent_still_answers_before_the_deadline() {
     let waited = wait_on("unsent-notices", waiting, Duration::from_millis(700)).await;
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
     assert_eq!(holder.await.unwrap().unwrap(), "first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_finished_while_its_watch_was_set_up_is_read_at_once() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (records, notices) = (MemoryStore::new(), Notices::new());
+    let waiting = Arc::new(Counting {
+        inner: records.clone(),
+        notices: Some(notices.clone()),
+        watches_late: true,
+        ..Counting::default()
+    });
+    let (finish, finishing) = tokio::sync::oneshot::channel::<()>();
+    let (holder, ended) = hold("late-watches", Counting::told_by(records, &notices, true), async move {
+        finishing.await.unwrap()
+    })
+    .await;
+    let waiter = tokio::spawn(wait_on("late-watches", waiting.clone(), Duration::from_secs(10)));
+    // By its sixth read (at about 255 ms) the reader's schedule has backed off to 100 ms
+    // between reads: the body ends just after that read, and the watch is set up only
+    // then.
+    until("six reads on the schedule, the last one done", || {
+        waiting.reads.load(Ordering::SeqCst) >= 6 && waiting.reading.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    finish.send(()).unwrap();
+    assert_eq!(waiter.await.unwrap().expect("the waiter is answered"), "first");
+    let late = ended.get().unwrap().elapsed();
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+    // On the schedule, the next read is about 100 ms after the last.
+    assert!(
+        late < Duration::from_millis(50),
+        "answered {late:?} after the body ended"
+    );
+    assert_eq!(notices.watched(), 0, "the watch ended with the flight");
 }
 
 /// The holder of a key that hundreds wait on is dropped mid-body (its task cancelled):

@@ -11,8 +11,9 @@
 //! before the earliest waiter's deadline, so no waiter gives up on a record that has
 //! finished. A call of the key that finishes in this process wakes the reader at once;
 //! so does the store's notice where it can give one
-//! ([`IdempotencyStore::watch`](crate::IdempotencyStore::watch)), and the reader then
-//! looks on its own only once a second.
+//! ([`IdempotencyStore::watch`](crate::IdempotencyStore::watch)): the reader reads once
+//! as soon as the store says it will tell (the record may have finished while its watch
+//! was set up), and then looks on its own only once a second.
 //!
 //! A flight lives while a waiter holds a seat on it: the last seat dropped (its caller
 //! answered, failed or cancelled) aborts the reader and removes the flight, so nothing
@@ -290,8 +291,7 @@ impl Reader {
         let mut last_read = Duration::ZERO;
         let mut served_until = opened;
         // Asked while the schedule runs: the first reads do not wait for the store's
-        // answer (a listener may be connecting). A read on schedule after the answer
-        // meets whatever finished before the store could tell.
+        // answer (a listener may be connecting).
         let mut asking = Some(Box::pin(self.watch()));
         let mut notice = None;
         loop {
@@ -306,6 +306,12 @@ impl Reader {
                 Woke::Again => continue,
                 Woke::Watching(watching) => {
                     asking = None;
+                    // Told from now on, the reader reads at once: a record that
+                    // finished while the store was setting up its watch was told to
+                    // no one, and the schedule could be a pause away.
+                    if watching.is_some() {
+                        next_at = Instant::now();
+                    }
                     notice = watching;
                     continue;
                 }
