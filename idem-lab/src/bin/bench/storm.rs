@@ -1,6 +1,7 @@
 //! Storms: 1,000 concurrent calls on one key whose body takes 20 ms, in one process and
 //! across four processes sharing the key (this one and three children of the same
-//! binary, started with `--storm-child`). How long each caller waits for its answer,
+//! binary, started with `--storm-child`), in processes that served calls before and in
+//! processes whose first calls the storm is. How long each caller waits for its answer,
 //! and how many bodies ran.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,11 +29,28 @@ struct Seen {
     last_answer: Duration,
 }
 
+/// Whether a process served calls before the storm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Process {
+    /// It has: its pool holds a few connections, and its store's listener listens.
+    Warm,
+    /// The storm's calls are its store's first: no connection is pooled, none listens.
+    Cold,
+}
+
 /// `callers` concurrent calls of `key` on `store`, starting at `start` (wall clock, so
 /// that processes agree on it).
-async fn run(store: Arc<dyn IdempotencyStore>, key: &str, wait: bool, callers: usize, start: SystemTime) -> Seen {
+async fn run(
+    store: Arc<dyn IdempotencyStore>,
+    key: &str,
+    wait: bool,
+    callers: usize,
+    (start, process): (SystemTime, Process),
+) -> Seen {
     let bodies = Arc::new(AtomicUsize::new(0));
-    warm(&store).await;
+    if process == Process::Warm {
+        warm(&store).await;
+    }
     let mut op = Idempotent::new("bench-storm").store(store);
     if wait {
         op = op.wait(Duration::from_secs(30));
@@ -91,7 +109,14 @@ pub async fn report(backends: &[Backend], sqlite_path: &str) {
     for backend in backends {
         for wait in [false, true] {
             let key = format!("{}-storm", run_id());
-            let seen = run(backend.store.clone(), &key, wait, CALLERS, SystemTime::now()).await;
+            let seen = run(
+                backend.store.clone(),
+                &key,
+                wait,
+                CALLERS,
+                (SystemTime::now(), Process::Warm),
+            )
+            .await;
             let how = if wait {
                 "with `wait`, one process: every caller gets the result"
             } else {
@@ -103,12 +128,19 @@ pub async fn report(backends: &[Backend], sqlite_path: &str) {
         if !["SQLite file", "PostgreSQL", "MariaDB", "Redis"].contains(&backend.name) {
             continue;
         }
-        let seen = across_processes(backend, sqlite_path).await;
-        row(
-            backend.name,
-            "with `wait`, four processes (250 callers each): every caller gets the result",
-            seen,
-        );
+        for (process, how) in [
+            (
+                Process::Warm,
+                "with `wait`, four processes (250 callers each): every caller gets the result",
+            ),
+            (
+                Process::Cold,
+                "with `wait`, four processes whose first calls these are: every caller gets the result",
+            ),
+        ] {
+            let seen = across_processes(backend, sqlite_path, process).await;
+            row(backend.name, how, seen);
+        }
     }
 }
 
@@ -126,8 +158,9 @@ fn row(backend: &str, how: &str, seen: Seen) {
 }
 
 /// The storm split over four processes: three children and this one, all starting at
-/// one instant a second from now.
-async fn across_processes(backend: &Backend, sqlite_path: &str) -> Seen {
+/// one instant a second from now. Cold, this one's share runs on a store it opens
+/// afresh, as the children's do.
+async fn across_processes(backend: &Backend, sqlite_path: &str, process: Process) -> Seen {
     let key = format!("{}-shared-storm", run_id());
     let start = SystemTime::now() + Duration::from_secs(1);
     let start_micros = start.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros();
@@ -141,13 +174,18 @@ async fn across_processes(backend: &Backend, sqlite_path: &str) -> Seen {
                     &key,
                     &start_micros.to_string(),
                     sqlite_path,
+                    if process == Process::Cold { "cold" } else { "warm" },
                 ])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .expect("a storm child")
         })
         .collect();
-    let mut seen = run(backend.store.clone(), &key, true, callers, start).await;
+    let store = match process {
+        Process::Warm => backend.store.clone(),
+        Process::Cold => open(backend.name, sqlite_path).await,
+    };
+    let mut seen = run(store, &key, true, callers, (start, process)).await;
     for child in children {
         let output = child.wait_with_output().await.unwrap();
         assert!(output.status.success(), "a storm child failed");
@@ -169,15 +207,20 @@ async fn across_processes(backend: &Backend, sqlite_path: &str) -> Seen {
     seen
 }
 
-/// A child of the shared storm: `--storm-child BACKEND KEY START_MICROS SQLITE_PATH`.
-/// Prints `STORM ok bodies last-answer-µs wait-µs…`.
+/// A child of the shared storm: `--storm-child BACKEND KEY START_MICROS SQLITE_PATH
+/// warm|cold`. Prints `STORM ok bodies last-answer-µs wait-µs…`.
 pub async fn child(args: &[String]) {
-    let [backend, key, start, sqlite_path] = args else {
-        panic!("--storm-child BACKEND KEY START_MICROS SQLITE_PATH")
+    let [backend, key, start, sqlite_path, process] = args else {
+        panic!("--storm-child BACKEND KEY START_MICROS SQLITE_PATH warm|cold")
     };
     let start = SystemTime::UNIX_EPOCH + Duration::from_micros(start.parse().unwrap());
+    let process = match process.as_str() {
+        "warm" => Process::Warm,
+        "cold" => Process::Cold,
+        other => panic!("--storm-child: `{other}` is neither warm nor cold"),
+    };
     let store = open(backend, sqlite_path).await;
-    let seen = run(store, key, true, CALLERS / PROCESSES, start).await;
+    let seen = run(store, key, true, CALLERS / PROCESSES, (start, process)).await;
     let waits: Vec<String> = seen.waits.iter().map(|wait| wait.as_micros().to_string()).collect();
     println!(
         "STORM {} {} {} {}",
@@ -188,7 +231,8 @@ pub async fn child(args: &[String]) {
     );
 }
 
-/// The parent's store of `backend`, opened again in a child (its table as it is).
+/// The store of `backend` opened afresh, on the parent's table as it is: a child's, and
+/// the parent's own for a cold storm.
 async fn open(backend: &str, sqlite_path: &str) -> Arc<dyn IdempotencyStore> {
     let url = |var: &str| std::env::var(var).unwrap_or_else(|_| panic!("{var}: the parent's server"));
     match backend {
