@@ -26,7 +26,8 @@
 //! calls by hand (with, between them, nothing, a `MemoryStore` call, or a spin of 1.5 or
 //! 20 µs) and idem's own time between its two calls. Then
 //! throughput of distinct keys with 1, 8 and 64 tasks, storms of 1,000 concurrent calls
-//! on one key (in one process, and across four processes that share the key),
+//! on one key (in one process, and across four processes that share the key, warm
+//! and cold),
 //! the memory one live record takes in `MemoryStore`, and (`--growth`) the cost of a
 //! claim and of a purge batch with 10⁴, 10⁵ and 10⁶ records in the table, with the
 //! query plans that show the indexes at work.
