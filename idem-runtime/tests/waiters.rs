@@ -139,7 +139,7 @@ fn waiting(biz: &'static str, store: &Arc<Counting>, wait: Duration) -> Idempote
 async fn holder<E, F>(op: &Arc<Idempotent>, rest: F) -> tokio::task::JoinHandle<Result<String, E>>
 where
     E: From<Error> + Send + 'static,
-    F: std::future::Future<Output = Result<String, E>> + Send + 'static,
+    F: Future<Output = Result<String, E>> + Send + 'static,
 {
     let (running, claimed) = tokio::sync::oneshot::channel();
     let op = op.clone();
@@ -294,11 +294,7 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
     .await;
     // The schedule reads at 5, 15, 35 and 75 ms, and next at 155 ms: past the waiter's
     // 150 ms. The read just before its deadline meets the record finished at 120 ms.
-    let waited = Idempotent::new("deadline-waits")
-        .store(waiting.clone())
-        .wait(Duration::from_millis(150))
-        .execute("k", async { Ok::<_, Error>("second".to_owned()) })
-        .await;
+    let waited = wait_on("deadline-waits", waiting, Duration::from_millis(150)).await;
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
     assert_eq!(holder.await.unwrap().unwrap(), "first");
 }
@@ -316,30 +312,22 @@ async fn hold(
     Arc<std::sync::OnceLock<Instant>>,
 ) {
     let ended = Arc::new(std::sync::OnceLock::new());
-    let (running, claimed) = tokio::sync::oneshot::channel();
-    let holder = tokio::spawn({
+    let op = Arc::new(Idempotent::new(biz).store(holding));
+    let holder = holder(&op, {
         let ended = ended.clone();
         async move {
-            Idempotent::new(biz)
-                .store(holding)
-                .execute("k", async move {
-                    running.send(()).unwrap();
-                    body.await;
-                    ended.set(Instant::now()).unwrap();
-                    Ok::<_, Error>("first".to_owned())
-                })
-                .await
+            body.await;
+            ended.set(Instant::now()).unwrap();
+            Ok::<_, Error>("first".to_owned())
         }
-    });
-    claimed.await.expect("the holder's body runs");
+    })
+    .await;
     (holder, ended)
 }
 
 /// A waiter of `biz`'s key `k` on `waiting`, for at most `wait`.
-async fn wait_on(biz: &'static str, waiting: Arc<Counting>, wait: Duration) -> Result<String, Error> {
-    Idempotent::new(biz)
-        .store(waiting)
-        .wait(wait)
+async fn wait_on(biz: &'static str, on: Arc<Counting>, wait: Duration) -> Result<String, Error> {
+    waiting(biz, &on, wait)
         .execute("k", async { Ok::<_, Error>("second".to_owned()) })
         .await
 }
