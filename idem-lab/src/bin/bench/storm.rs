@@ -38,6 +38,23 @@ enum Process {
     Cold,
 }
 
+impl Process {
+    /// How a child is told this on its command line.
+    fn arg(self) -> &'static str {
+        match self {
+            Process::Warm => "warm",
+            Process::Cold => "cold",
+        }
+    }
+
+    /// The process a child is told of by `arg`.
+    fn named(arg: &str) -> Option<Process> {
+        [Process::Warm, Process::Cold]
+            .into_iter()
+            .find(|process| process.arg() == arg)
+    }
+}
+
 /// `callers` concurrent calls of `key` on `store`, starting at `start` (wall clock, so
 /// that processes agree on it).
 async fn run(
@@ -45,7 +62,8 @@ async fn run(
     key: &str,
     wait: bool,
     callers: usize,
-    (start, process): (SystemTime, Process),
+    start: SystemTime,
+    process: Process,
 ) -> Seen {
     let bodies = Arc::new(AtomicUsize::new(0));
     if process == Process::Warm {
@@ -114,7 +132,8 @@ pub async fn report(backends: &[Backend], sqlite_path: &str) {
                 &key,
                 wait,
                 CALLERS,
-                (SystemTime::now(), Process::Warm),
+                SystemTime::now(),
+                Process::Warm,
             )
             .await;
             let how = if wait {
@@ -174,7 +193,7 @@ async fn across_processes(backend: &Backend, sqlite_path: &str, process: Process
                     &key,
                     &start_micros.to_string(),
                     sqlite_path,
-                    if process == Process::Cold { "cold" } else { "warm" },
+                    process.arg(),
                 ])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -185,7 +204,7 @@ async fn across_processes(backend: &Backend, sqlite_path: &str, process: Process
         Process::Warm => backend.store.clone(),
         Process::Cold => open(backend.name, sqlite_path).await,
     };
-    let mut seen = run(store, &key, true, callers, (start, process)).await;
+    let mut seen = run(store, &key, true, callers, start, process).await;
     for child in children {
         let output = child.wait_with_output().await.unwrap();
         assert!(output.status.success(), "a storm child failed");
@@ -214,13 +233,11 @@ pub async fn child(args: &[String]) {
         panic!("--storm-child BACKEND KEY START_MICROS SQLITE_PATH warm|cold")
     };
     let start = SystemTime::UNIX_EPOCH + Duration::from_micros(start.parse().unwrap());
-    let process = match process.as_str() {
-        "warm" => Process::Warm,
-        "cold" => Process::Cold,
-        other => panic!("--storm-child: `{other}` is neither warm nor cold"),
+    let Some(process) = Process::named(process) else {
+        panic!("--storm-child: `{process}` is neither warm nor cold")
     };
     let store = open(backend, sqlite_path).await;
-    let seen = run(store, key, true, CALLERS / PROCESSES, (start, process)).await;
+    let seen = run(store, key, true, CALLERS / PROCESSES, start, process).await;
     let waits: Vec<String> = seen.waits.iter().map(|wait| wait.as_micros().to_string()).collect();
     println!(
         "STORM {} {} {} {}",
