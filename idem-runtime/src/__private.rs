@@ -177,7 +177,7 @@ where
 {
     let store = match store {
         Some(store) => CallStore::Given(store),
-        None => CallStore::Found(op.store_or_installed()),
+        None => CallStore::found(op),
     };
     let body = Mapped::new(body, R::into_result);
     Mapped::new(call(op, store, key, body, describe), R::from_result)

@@ -28,8 +28,10 @@
 //! `chacha20poly1305` (RustCrypto's AEAD, feature `seal`) seals stored values, with
 //! `base64` to write them as text (and to read keys); `hmac` computes the keyed hash a
 //! record keeps of its data subject; `foldhash` hashes a key to its slot in the claim
-//! gate, on every call, for a few nanoseconds; `hashbrown` is the map of `MemoryStore`
-//! (std's, with `entry_ref`: a claim hashes its key once and copies it only to insert).
+//! gate, on every call, for a few nanoseconds (and a biz name to its shelf in
+//! `MemoryStore`: biz names are the service's own, never its callers'); `hashbrown` is
+//! the map of `MemoryStore` (std's, with `entry_ref`: a claim hashes its key once and
+//! copies it only to insert).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bounds;

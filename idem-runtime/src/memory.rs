@@ -17,7 +17,12 @@ use crate::store::IdempotencyStore;
 
 /// Records by biz, then by key: two levels, so a lookup borrows the caller's `&str`s
 /// instead of allocating a `(String, String)` to search with.
-type Shelves = Map<Map<Box<Filed>>>;
+///
+/// The biz level is hashed with `foldhash`, seeded at random for each store: a service's
+/// biz names are its own (an operation's, fixed in its code), never its callers', so
+/// they need no defence against chosen collisions, and a claim and a completion each
+/// hash one name with SipHash instead of two.
+type Shelves = hashbrown::HashMap<String, Map<Box<Filed>>, foldhash::fast::RandomState>;
 
 /// A record as the store keeps it: its biz and key are the names it is filed under,
 /// so the record itself holds neither (a new key is copied into the map and the lease,

@@ -120,11 +120,11 @@ impl Call<'_> {
                     }
                 }
             };
-            // A finished record answers at once.
-            if let Some(record) = in_the_way {
-                if let Ok(answer) = self.answer_from(record, fingerprint)? {
-                    return Ok(answer);
-                }
+            // A finished record answers at once. (`in_the_way` is consumed on every
+            // path, so the future does not carry a record while it waits.)
+            let answered = in_the_way.map(|record| self.answer_from(record, fingerprint));
+            if let Some(Ok(answer)) = answered.transpose()? {
+                return Ok(answer);
             }
             // Waiting (rare) runs in a future of its own, so that a call's future does
             // not carry the waiting's state.

@@ -69,40 +69,64 @@ fn slot_of(store: &dyn OwnedStore, biz: &str, key: &str) -> usize {
 
 /// Wait for a turn: the claim of `(biz, key)` on `store`, or the outcome of the one
 /// under way, or (for a caller that `waits`) the waiters already reading.
+///
+/// A caller with no claim of its key under way here gets its turn at once; only one
+/// behind a claim waits, in a future of its own (so that every call's future does not
+/// carry the waiting's state).
 pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool) -> Turn {
     let slot = slot_of(store, biz, key);
-    let mut waited = false;
-    loop {
-        if waits && flight::any_open() && flight::is_open(&FlightKey::new(store, biz, key)) {
-            return Turn::Join;
+    match look(store, biz, key, waits, slot, false) {
+        Ok(turn) => turn,
+        Err(behind) => Box::pin(wait_behind(store, biz, key, waits, slot, behind)).await,
+    }
+}
+
+/// A look at the gate: a turn, or the claim under way to wait behind.
+fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, slot: usize, waited: bool) -> Result<Turn, Behind> {
+    if waits && flight::any_open() && flight::is_open(&FlightKey::new(store, biz, key)) {
+        return Ok(Turn::Join);
+    }
+    if CLAIMING[slot].fetch_add(1, Ordering::AcqRel) == 0 {
+        return Ok(Turn::Claim(Ticket {
+            slot,
+            key: None,
+            open: true,
+            waited,
+        }));
+    }
+    let flight_key = FlightKey::new(store, biz, key);
+    let mut under_way = under_way();
+    match under_way.get(&flight_key) {
+        Some(claim) => {
+            CLAIMING[slot].fetch_sub(1, Ordering::AcqRel);
+            Err(claim.subscribe())
         }
-        if CLAIMING[slot].fetch_add(1, Ordering::AcqRel) == 0 {
-            return Turn::Claim(Ticket {
+        None => {
+            under_way.insert(flight_key.clone(), watch::channel(None).0);
+            Ok(Turn::Claim(Ticket {
                 slot,
-                key: None,
+                key: Some(flight_key),
                 open: true,
                 waited,
-            });
+            }))
         }
-        let flight_key = FlightKey::new(store, biz, key);
-        let mut behind = {
-            let mut under_way = under_way();
-            match under_way.get(&flight_key) {
-                Some(claim) => {
-                    CLAIMING[slot].fetch_sub(1, Ordering::AcqRel);
-                    claim.subscribe()
-                }
-                None => {
-                    under_way.insert(flight_key.clone(), watch::channel(None).0);
-                    return Turn::Claim(Ticket {
-                        slot,
-                        key: Some(flight_key),
-                        open: true,
-                        waited,
-                    });
-                }
-            }
-        };
+    }
+}
+
+/// The callers behind a claim under way: told what it met.
+type Behind = watch::Receiver<Option<Handed>>;
+
+/// Wait `behind` the claim under way for what it met; when it hands nothing on, look
+/// at the gate again.
+async fn wait_behind(
+    store: &dyn OwnedStore,
+    biz: &str,
+    key: &str,
+    waits: bool,
+    slot: usize,
+    mut behind: Behind,
+) -> Turn {
+    loop {
         // The ticket's holder always hands something on, even when dropped.
         let handed = match behind.wait_for(Option::is_some).await {
             Ok(handed) => handed.clone().flatten(),
@@ -111,7 +135,10 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
         if let Some(met) = handed {
             return Turn::Took(met);
         }
-        waited = true;
+        match look(store, biz, key, waits, slot, true) {
+            Ok(turn) => return turn,
+            Err(next) => behind = next,
+        }
     }
 }
 

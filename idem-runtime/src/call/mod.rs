@@ -42,7 +42,7 @@ impl Idempotent {
         E: From<Error>,
         F: Future<Output = Result<T, E>>,
     {
-        let store = CallStore::Found(self.store_or_installed());
+        let store = CallStore::found(self);
         call(self, store, key.to_string(), body, |_: &E| failure_of_type::<E>())
     }
 
@@ -69,10 +69,18 @@ impl Idempotent {
 }
 
 /// The store a call runs on: the one it was given, or the operation's own or the
-/// installed one (or why there is none).
+/// installed one (or why there is none, boxed: the call's future carries this until it
+/// runs, and an error kept inline would make every call's future larger to move).
 pub(crate) enum CallStore<'a> {
     Given(&'a dyn OwnedStore),
-    Found(Result<std::sync::Arc<dyn crate::store::IdempotencyStore>, Error>),
+    Found(Result<std::sync::Arc<dyn crate::store::IdempotencyStore>, Box<Error>>),
+}
+
+impl CallStore<'_> {
+    /// The operation's own store or the installed one.
+    pub(crate) fn found(op: &Idempotent) -> Self {
+        CallStore::Found(op.store_or_installed().map_err(Box::new))
+    }
 }
 
 /// The call itself, with the way a failure is described in a `FAIL` record, in its span.
@@ -116,7 +124,7 @@ where
             found = store;
             &found
         }
-        CallStore::Found(Err(error)) => return Err(error.into()),
+        CallStore::Found(Err(error)) => return Err((*error).into()),
     };
     let body = std::pin::pin!(body);
     Call { op, store, key }.run(body, describe).await
