@@ -406,20 +406,34 @@ async fn a_notice_never_sent_still_answers_before_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_finished_while_its_watch_was_set_up_is_read_at_once() {
+    finished_while_the_watch_was_set_up("late-watches", true).await;
+}
+
+/// PostgreSQL's and Redis's watch, set up late, finds the record no longer running and
+/// answers that it will not tell: the record finished since the reader's last read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_found_the_record_finished_has_it_read_at_once() {
+    finished_while_the_watch_was_set_up("late-refused-watches", false).await;
+}
+
+/// The reader's store sets up its watch only once the record has finished, and then
+/// gives a notice (`told`) or answers that it will not tell: either way the waiter is
+/// answered at once, not at the schedule's next read.
+async fn finished_while_the_watch_was_set_up(biz: &'static str, told: bool) {
     let _serial = ONE_AT_A_TIME.lock().await;
     let (records, notices) = (MemoryStore::new(), Notices::new());
     let waiting = Arc::new(Counting {
         inner: records.clone(),
-        notices: Some(notices.clone()),
+        notices: told.then(|| notices.clone()),
         watches_late: true,
         ..Counting::default()
     });
     let (finish, finishing) = tokio::sync::oneshot::channel::<()>();
-    let (holder, ended) = hold("late-watches", Counting::told_by(records, &notices, true), async move {
+    let (holder, ended) = hold(biz, Counting::told_by(records, &notices, true), async move {
         finishing.await.unwrap()
     })
     .await;
-    let waiter = tokio::spawn(wait_on("late-watches", waiting.clone(), Duration::from_secs(10)));
+    let waiter = tokio::spawn(wait_on(biz, waiting.clone(), Duration::from_secs(10)));
     // By its sixth read (at about 255 ms) the reader's schedule has backed off to 100 ms
     // between reads: the body ends just after that read, and the watch is set up only
     // then.

@@ -290,6 +290,9 @@ impl Reader {
         let mut next_at = opened + pause;
         let mut last_read = Duration::ZERO;
         let mut served_until = opened;
+        // Whether the reader has read the record: a watch that answers after a read
+        // may answer after the record finished.
+        let mut has_read = false;
         // Asked while the schedule runs: the first reads do not wait for the store's
         // answer (a listener may be connecting).
         let mut asking = Some(Box::pin(self.watch()));
@@ -308,8 +311,13 @@ impl Reader {
                     asking = None;
                     // Told from now on, the reader reads at once: a record that
                     // finished while the store was setting up its watch was told to
-                    // no one, and the schedule could be a pause away.
-                    if watching.is_some() {
+                    // no one, and the schedule could be a pause away. It reads at once
+                    // too when the store will not tell after the reader has read the
+                    // record (PostgreSQL's and Redis's watch finds the record no longer
+                    // running, or the watch failed): the record may have finished
+                    // since that read. A store that never tells answers before any read,
+                    // and the schedule stands.
+                    if watching.is_some() || has_read {
                         next_at = Instant::now();
                     }
                     notice = watching;
@@ -320,6 +328,7 @@ impl Reader {
             let read = self.store.get(&self.key.biz, &self.key.key).await.map_err(Arc::new);
             last_read = started.elapsed();
             served_until = started;
+            has_read = true;
             if settles(&read) {
                 if matches!(&read, Ok(Some(record)) if record.status != Status::Processing) {
                     Pace::measured(&self.key.biz, opened.elapsed());
