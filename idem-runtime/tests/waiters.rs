@@ -36,6 +36,9 @@ struct Counting {
     /// Its watch is set up only once the record watched has finished (a listener that
     /// connects late): the completion's notice went to no one.
     watches_late: bool,
+    /// How long a claim takes beyond a millisecond (a claim on a connection of its own
+    /// that the pool must first open).
+    claims_slowly: Duration,
 }
 
 impl Counting {
@@ -63,7 +66,7 @@ impl IdempotencyStore for Counting {
     async fn claim(&self, claim: &Claim<'_>) -> Result<ClaimOutcome, StoreError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
         // A claim that takes a moment, as a server's does, so claims could overlap.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(1) + self.claims_slowly).await;
         self.inner.claim(claim).await
     }
     async fn renew(&self, lease: &Lease, now: SystemTime, lease_for: Duration) -> Result<FenceCheck, StoreError> {
@@ -212,6 +215,25 @@ async fn a_thousand_waiters_share_one_claim_and_one_read_a_round() {
     // The reads of one schedule over 200 ms: 5, 15, 35, 75, 155 ms, and the one the
     // completion here asks for.
     assert!(reads <= 10, "{reads} reads for a thousand waiters of one 200 ms body");
+    assert_eq!(observe::waited_keys(), 0, "the flight closed");
+}
+
+/// Duplicates that arrive while the first claim of their key is on its way (a claim the
+/// pool must first open a connection for) send none of their own: they take its
+/// outcome, and wait with the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_arriving_during_the_first_claim_send_none() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let store = Arc::new(Counting {
+        claims_slowly: Duration::from_millis(100),
+        ..Counting::default()
+    });
+    let op = Arc::new(waiting("first-claim-waits", &store, Duration::from_secs(20)));
+    let bodies = Arc::new(AtomicUsize::new(0));
+    one_answer(waiters(&op, 200, &bodies, Duration::from_millis(50))).await;
+    assert_eq!(bodies.load(Ordering::SeqCst), 1, "one body ran");
+    let claims = store.claims.load(Ordering::SeqCst);
+    assert_eq!(claims, 1, "the 200 callers sent {claims} claims");
     assert_eq!(observe::waited_keys(), 0, "the flight closed");
 }
 

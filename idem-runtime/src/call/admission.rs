@@ -75,6 +75,7 @@ impl Call<'_> {
                         Met::Existing(record) => Some(Record::clone(record)),
                     },
                     Turn::Claim(ticket) => {
+                        let named = (self.store, self.op.biz.as_ref(), self.key.as_str());
                         let (read, claimed_at) = match first_claim.take() {
                             Some(admitting) if !ticket.waited() => (admitting, admitting.monotonic()),
                             // Its lease is counted from admission all the same.
@@ -94,14 +95,14 @@ impl Call<'_> {
                             match claimed.map_err(|e| self.store_error("claim", e))? {
                                 ClaimOutcome::Acquired(lease) => lease,
                                 ClaimOutcome::Existing(record) => {
-                                    ticket.hand_on(|| Met::Existing(Box::new(record.clone())));
+                                    ticket.hand_on(named, || Met::Existing(Box::new(record.clone())));
                                     break 'turn Some(record);
                                 }
                             }
                         };
                         // (The claim and what it met are out of scope here: the future does
                         // not carry them while the lease is checked.)
-                        ticket.hand_on(|| Met::Claimed {
+                        ticket.hand_on(named, || Met::Claimed {
                             fingerprint: fingerprint.map(str::to_owned),
                         });
                         let lease = lease.with_retention(self.op.retention());

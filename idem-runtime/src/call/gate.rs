@@ -10,6 +10,13 @@
 //! answers it as its claim would have. A claim that fails, or whose
 //! caller is dropped before it answers, hands nothing on: the callers behind it claim
 //! again themselves.
+//!
+//! The first claim of a key here takes a slot of its hash without an entry in the map
+//! of claims under way (most keys have no duplicate to hand anything to). A caller that
+//! finds that slot taken and no entry opens one, and waits for the slot's claim to
+//! answer before it claims: that claim, when it was of the same key, hands its outcome
+//! on to the entry; when it was of another key that hashes alike, or handed nothing on,
+//! the caller claims then. Two claims of one key are never under way here at once.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -55,12 +62,25 @@ pub(super) enum Turn {
     Join,
 }
 
-/// How many claims are under way here, by a hash of their key: a claim whose slot is
-/// empty needs no entry in [`UNDER_WAY`], so a call without duplicates pays two atomic
-/// additions and a hash, not an allocation and a lock. A claim that finds its slot
-/// taken (by its key, or by another that hashes alike) goes through the map.
+/// How many claims are under way here, by a hash of their key, with [`UNLISTED`] set
+/// while one of them took its slot empty: a claim whose slot is empty needs no entry
+/// in [`UNDER_WAY`], so a call without duplicates pays two atomic operations and a
+/// hash, not an allocation and a lock. A claim that finds its slot taken (by its key,
+/// or by another that hashes alike) goes through the map.
 static CLAIMING: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
 const SLOTS: usize = 4096;
+/// The bit of a slot's count set while a claim that took the slot empty (with no
+/// entry in [`UNDER_WAY`]) is under way.
+const UNLISTED: u32 = 1 << 31;
+
+/// Moved on each time a claim that took its slot empty ends with others in the slot:
+/// the callers waiting for it (see [`wait_for_slot`]) look again.
+static UNLISTED_ENDED: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::channel(0).0);
+
+/// How many claims a slot's count says are under way.
+fn under_way_in(count: u32) -> u32 {
+    count & !UNLISTED
+}
 
 fn slot_of(store: &dyn OwnedStore, biz: &str, key: &str) -> usize {
     let hash = FixedState::with_seed(0).hash_one((store.instance() as usize, biz, key));
@@ -77,38 +97,56 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
     let slot = slot_of(store, biz, key);
     match look(store, biz, key, waits, slot, false) {
         Ok(turn) => turn,
-        Err(behind) => Box::pin(wait_behind(store, biz, key, waits, slot, behind)).await,
+        Err(Wait::Behind(behind)) => Box::pin(wait_behind(store, biz, key, waits, slot, behind)).await,
+        Err(Wait::ForSlot(ticket, behind)) => Box::pin(wait_for_slot(ticket, behind)).await,
     }
 }
 
-/// A look at the gate: a turn, or the claim under way to wait behind.
-fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, slot: usize, waited: bool) -> Result<Turn, Behind> {
+/// What a caller that may not claim yet waits for.
+enum Wait {
+    /// The claim of the key under way here.
+    Behind(Behind),
+    /// The claim that took the slot empty (of this key, or of another that hashes
+    /// alike): the caller holds the right to claim after it, and the entry it opened.
+    ForSlot(Ticket, Behind),
+}
+
+/// A look at the gate: a turn, or what to wait for.
+fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, slot: usize, waited: bool) -> Result<Turn, Wait> {
     if waits && flight::any_open() && flight::is_open(&FlightKey::new(store, biz, key)) {
         return Ok(Turn::Join);
     }
-    if CLAIMING[slot].fetch_add(1, Ordering::AcqRel) == 0 {
-        return Ok(Turn::Claim(Ticket {
-            slot,
-            key: None,
-            open: true,
-            waited,
-        }));
+    let ticket = |listed| Ticket {
+        slot,
+        listed,
+        open: true,
+        waited,
+    };
+    let count = &CLAIMING[slot];
+    if count
+        .compare_exchange(0, UNLISTED | 1, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        return Ok(Turn::Claim(ticket(None)));
     }
+    count.fetch_add(1, Ordering::AcqRel);
     let flight_key = FlightKey::new(store, biz, key);
     let mut under_way = under_way();
     match under_way.get(&flight_key) {
         Some(claim) => {
-            CLAIMING[slot].fetch_sub(1, Ordering::AcqRel);
-            Err(claim.subscribe())
+            count.fetch_sub(1, Ordering::AcqRel);
+            Err(Wait::Behind(claim.subscribe()))
         }
         None => {
-            under_way.insert(flight_key.clone(), watch::channel(None).0);
-            Ok(Turn::Claim(Ticket {
-                slot,
-                key: Some(flight_key),
-                open: true,
-                waited,
-            }))
+            let entry = watch::channel(None).0;
+            let behind = entry.subscribe();
+            under_way.insert(flight_key.clone(), entry);
+            let ticket = ticket(Some(Box::new((flight_key, behind.clone()))));
+            if count.load(Ordering::Acquire) & UNLISTED != 0 {
+                Err(Wait::ForSlot(ticket, behind))
+            } else {
+                Ok(Turn::Claim(ticket))
+            }
         }
     }
 }
@@ -137,7 +175,33 @@ async fn wait_behind(
         }
         match look(store, biz, key, waits, slot, true) {
             Ok(turn) => return turn,
-            Err(next) => behind = next,
+            Err(Wait::Behind(next)) => behind = next,
+            Err(Wait::ForSlot(ticket, behind)) => return wait_for_slot(ticket, behind).await,
+        }
+    }
+}
+
+/// Wait, holding `ticket` and its entry (which `behind` watches), for the claim that
+/// took the slot empty: take what it hands on to the entry, or claim once it ended
+/// without (it was of another key, or had nothing to hand on). Dropped meanwhile, the
+/// ticket hands nothing on, and the callers behind it look again.
+async fn wait_for_slot(mut ticket: Ticket, mut behind: Behind) -> Turn {
+    ticket.waited = true;
+    loop {
+        let mut ended = UNLISTED_ENDED.subscribe();
+        // Read before what it handed on: a claim hands on before it leaves the slot.
+        let slot_claim_ended = CLAIMING[ticket.slot].load(Ordering::Acquire) & UNLISTED == 0;
+        if let Some(Some(met)) = behind.borrow_and_update().clone() {
+            // The claim of the key took the entry out of the map as it handed this on.
+            ticket.leave();
+            return Turn::Took(met);
+        }
+        if slot_claim_ended {
+            return Turn::Claim(ticket);
+        }
+        tokio::select! {
+            _ = ended.changed() => {}
+            _ = behind.changed() => {}
         }
     }
 }
@@ -145,10 +209,12 @@ async fn wait_behind(
 /// The right to claim a key: whatever the claim meets is handed to the callers behind.
 pub(super) struct Ticket {
     slot: usize,
-    /// Its entry in [`UNDER_WAY`], when its slot was taken.
-    key: Option<FlightKey>,
+    /// Its entry in [`UNDER_WAY`] (and a watch of what the entry was handed), when its
+    /// slot was taken; `None` when it took the slot empty. (Boxed: a call's future
+    /// carries the ticket while it claims, and most tickets have no entry.)
+    listed: Option<Box<(FlightKey, Behind)>>,
     open: bool,
-    /// Whether its caller waited for another claim of the key before it got it.
+    /// Whether its caller waited for another claim before it got it.
     waited: bool,
 }
 
@@ -159,10 +225,31 @@ impl Ticket {
         self.waited
     }
 
-    /// Hand on what the claim met (built only when callers may be behind).
-    pub(super) fn hand_on(mut self, met: impl FnOnce() -> Met) {
-        let handed = self.key.is_some().then(|| Arc::new(met()));
+    /// Hand on what the claim of `key` of `biz` on `store` met (built only when
+    /// callers may be behind).
+    pub(super) fn hand_on(mut self, (store, biz, key): (&dyn OwnedStore, &str, &str), met: impl FnOnce() -> Met) {
+        let count = &CLAIMING[self.slot];
+        if self.listed.is_none() && under_way_in(count.load(Ordering::Acquire)) > 1 {
+            // It took the slot empty: a caller of its key that came meanwhile opened
+            // an entry, and waits there for this claim's outcome.
+            let met = Arc::new(met());
+            let mut under_way = under_way();
+            if let Some(claim) = under_way.remove(&FlightKey::new(store, biz, key)) {
+                claim.send_replace(Some(Some(met)));
+            }
+            drop(under_way);
+            self.close(None);
+            return;
+        }
+        let handed = self.listed.is_some().then(|| Arc::new(met()));
         self.close(handed);
+    }
+
+    /// Leave the slot without a claim: what the ticket's entry waited for was handed
+    /// on to it, and the entry is gone.
+    fn leave(&mut self) {
+        self.open = false;
+        CLAIMING[self.slot].fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Close the gate with `handed`: callers behind take it, callers after claim anew.
@@ -170,17 +257,130 @@ impl Ticket {
         if !std::mem::replace(&mut self.open, false) {
             return;
         }
-        if let Some(key) = self.key.take() {
-            if let Some(claim) = under_way().remove(&key) {
-                claim.send_replace(Some(handed));
+        let count = &CLAIMING[self.slot];
+        if let Some(listed) = self.listed.take() {
+            let (key, own) = *listed;
+            let mut under_way = under_way();
+            // Its entry was handed an outcome only by the claim that took the slot
+            // empty, which took it out of the map: the key's entry now is another's.
+            if own.borrow().is_none() {
+                if let Some(claim) = under_way.remove(&key) {
+                    claim.send_replace(Some(handed));
+                }
             }
+            drop(under_way);
+            count.fetch_sub(1, Ordering::AcqRel);
+            return;
         }
-        CLAIMING[self.slot].fetch_sub(1, Ordering::AcqRel);
+        if under_way_in(count.fetch_sub(UNLISTED | 1, Ordering::AcqRel)) > 1 {
+            UNLISTED_ENDED.send_modify(|ended| *ended = ended.wrapping_add(1));
+        }
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.close(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::memory::MemoryStore;
+
+    /// Two keys of `biz` whose claims on `store` take one slot. (The tests hold the
+    /// store in an `Arc`: the gate knows a store by where it lives, and the handles of
+    /// an `Arc` forward to one.)
+    fn alike(store: &Arc<MemoryStore>, biz: &str) -> (String, String) {
+        let mut seen = std::collections::HashMap::new();
+        for n in 0.. {
+            let key = format!("key-{n}");
+            if let Some(first) = seen.insert(slot_of(store, biz, &key), key.clone()) {
+                return (first, key);
+            }
+        }
+        unreachable!()
+    }
+
+    fn claimed() -> Met {
+        Met::Claimed { fingerprint: None }
+    }
+
+    /// A turn that must come within a second.
+    async fn soon(turn: impl Future<Output = Turn>) -> Turn {
+        tokio::time::timeout(Duration::from_secs(1), turn)
+            .await
+            .expect("the turn came")
+    }
+
+    #[tokio::test]
+    async fn a_key_that_hashes_alike_claims_once_the_slots_claim_ends() {
+        let store = Arc::new(MemoryStore::new());
+        let (first, second) = alike(&store, "gate-alike");
+        let Turn::Claim(holder) = turn(&store, "gate-alike", &first, false).await else {
+            panic!("the first caller claims")
+        };
+        let waiting = tokio::spawn({
+            let (store, second) = (Arc::clone(&store), second.clone());
+            async move { matches!(soon(turn(&store, "gate-alike", &second, false)).await, Turn::Claim(_)) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the other key claimed while the slot's claim was under way"
+        );
+        holder.hand_on((&*store, "gate-alike", &first), claimed);
+        assert!(
+            waiting.await.unwrap(),
+            "the other key claims once the slot's claim ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_takes_what_the_slots_claim_of_its_key_met() {
+        let store = Arc::new(MemoryStore::new());
+        let Turn::Claim(holder) = turn(&store, "gate-same", "k", false).await else {
+            panic!("the first caller claims")
+        };
+        let waiting = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { matches!(soon(turn(&store, "gate-same", "k", false)).await, Turn::Took(_)) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        holder.hand_on((&*store, "gate-same", "k"), claimed);
+        assert!(waiting.await.unwrap(), "the duplicate took the claim's outcome");
+    }
+
+    #[tokio::test]
+    async fn a_caller_waiting_for_the_slot_that_goes_leaves_the_key_to_the_next() {
+        let store = Arc::new(MemoryStore::new());
+        let Turn::Claim(holder) = turn(&store, "gate-handed", "k", false).await else {
+            panic!("the first caller claims")
+        };
+        // A duplicate waits for the slot's claim, which hands its outcome on; the
+        // duplicate's caller goes before it took it.
+        let slot = slot_of(&store, "gate-handed", "k");
+        let Err(Wait::ForSlot(gone, _)) = look(&store, "gate-handed", "k", false, slot, false) else {
+            panic!("the duplicate waits for the slot's claim")
+        };
+        holder.hand_on((&*store, "gate-handed", "k"), claimed);
+        // The next caller of the key claims, and opens the key's entry.
+        let Ok(Turn::Claim(next)) = look(&store, "gate-handed", "k", false, slot, false) else {
+            panic!("the next caller claims")
+        };
+        drop(gone);
+        // The entry is still the next caller's: one more waits behind its claim.
+        assert!(
+            matches!(
+                look(&store, "gate-handed", "k", false, slot, false),
+                Err(Wait::Behind(_))
+            ),
+            "a caller that went took another's entry out of the map"
+        );
+        drop(next);
     }
 }
