@@ -12,15 +12,15 @@
 //! again themselves.
 //!
 //! The first claim of a key here takes a slot of its hash without an entry in the map
-//! of claims under way (most keys have no duplicate to hand anything to). A caller that
-//! finds that slot taken and no entry opens one, and waits for the slot's claim to
-//! answer before it claims: that claim, when it was of the same key, hands its outcome
-//! on to the entry; when it was of another key that hashes alike, or handed nothing on,
-//! the caller claims then. Two claims of one key are never under way here at once.
+//! of claims under way (most keys have no duplicate to hand anything to), and names
+//! its key's whole hash there. A duplicate that finds the slot taken by its key's claim
+//! and no entry opens one, and waits for that claim's outcome there instead of claiming
+//! beside it; when the claim hands nothing on, the duplicate claims then. A claim of
+//! another key whose hash takes the same slot holds no one up.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use foldhash::fast::FixedState;
@@ -73,6 +73,14 @@ const SLOTS: usize = 4096;
 /// entry in [`UNDER_WAY`]) is under way.
 const UNLISTED: u32 = 1 << 31;
 
+/// The whole hash of the key whose claim took each slot empty, last: a caller that
+/// finds the slot taken waits for that claim only when it is of its own key (a claim
+/// of another key that hashes to the slot goes on). Read as the slot is found taken, it
+/// may be a moment old: then a caller waits for a claim it need not wait for, or
+/// claims beside one of its key, as if the slot had no owner — a turn later or
+/// sooner, never a wrong turn.
+static HOLDING: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
+
 /// Moved on each time a claim that took its slot empty ends with others in the slot:
 /// the callers waiting for it (see [`wait_for_slot`]) look again.
 static UNLISTED_ENDED: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::channel(0).0);
@@ -82,8 +90,13 @@ fn under_way_in(count: u32) -> u32 {
     count & !UNLISTED
 }
 
-fn slot_of(store: &dyn OwnedStore, biz: &str, key: &str) -> usize {
-    let hash = FixedState::with_seed(0).hash_one((store.instance() as usize, biz, key));
+/// The hash of `key` of `biz` on `store`: its slot, and who holds one.
+fn hash_of(store: &dyn OwnedStore, biz: &str, key: &str) -> u64 {
+    FixedState::with_seed(0).hash_one((store.instance() as usize, biz, key))
+}
+
+/// The slot of a key of hash `hash`.
+fn slot_of(hash: u64) -> usize {
     (hash % SLOTS as u64) as usize
 }
 
@@ -94,10 +107,10 @@ fn slot_of(store: &dyn OwnedStore, biz: &str, key: &str) -> usize {
 /// behind a claim waits, in a future of its own (so that every call's future does not
 /// carry the waiting's state).
 pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool) -> Turn {
-    let slot = slot_of(store, biz, key);
-    match look(store, biz, key, waits, slot, false) {
+    let hash = hash_of(store, biz, key);
+    match look(store, biz, key, waits, hash, false) {
         Ok(turn) => turn,
-        Err(Wait::Behind(behind)) => Box::pin(wait_behind(store, biz, key, waits, slot, behind)).await,
+        Err(Wait::Behind(behind)) => Box::pin(wait_behind(store, biz, key, waits, hash, behind)).await,
         Err(Wait::ForSlot(ticket, behind)) => Box::pin(wait_for_slot(ticket, behind)).await,
     }
 }
@@ -106,16 +119,17 @@ pub(super) async fn turn(store: &dyn OwnedStore, biz: &str, key: &str, waits: bo
 enum Wait {
     /// The claim of the key under way here.
     Behind(Behind),
-    /// The claim that took the slot empty (of this key, or of another that hashes
-    /// alike): the caller holds the right to claim after it, and the entry it opened.
+    /// The claim of the key that took the slot empty: the caller holds the right to
+    /// claim after it, and the entry it opened.
     ForSlot(Ticket, Behind),
 }
 
 /// A look at the gate: a turn, or what to wait for.
-fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, slot: usize, waited: bool) -> Result<Turn, Wait> {
+fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, hash: u64, waited: bool) -> Result<Turn, Wait> {
     if waits && flight::any_open() && flight::is_open(&FlightKey::new(store, biz, key)) {
         return Ok(Turn::Join);
     }
+    let slot = slot_of(hash);
     let ticket = |listed| Ticket {
         slot,
         listed,
@@ -127,6 +141,7 @@ fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, slot: usize, 
         .compare_exchange(0, UNLISTED | 1, Ordering::AcqRel, Ordering::Acquire)
         .is_ok()
     {
+        HOLDING[slot].store(hash, Ordering::Release);
         return Ok(Turn::Claim(ticket(None)));
     }
     count.fetch_add(1, Ordering::AcqRel);
@@ -142,7 +157,7 @@ fn look(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, slot: usize, 
             let behind = entry.subscribe();
             under_way.insert(flight_key.clone(), entry);
             let ticket = ticket(Some(Box::new((flight_key, behind.clone()))));
-            if count.load(Ordering::Acquire) & UNLISTED != 0 {
+            if count.load(Ordering::Acquire) & UNLISTED != 0 && HOLDING[slot].load(Ordering::Acquire) == hash {
                 Err(Wait::ForSlot(ticket, behind))
             } else {
                 Ok(Turn::Claim(ticket))
@@ -156,14 +171,7 @@ type Behind = watch::Receiver<Option<Handed>>;
 
 /// Wait `behind` the claim under way for what it met; when it hands nothing on, look
 /// at the gate again.
-async fn wait_behind(
-    store: &dyn OwnedStore,
-    biz: &str,
-    key: &str,
-    waits: bool,
-    slot: usize,
-    mut behind: Behind,
-) -> Turn {
+async fn wait_behind(store: &dyn OwnedStore, biz: &str, key: &str, waits: bool, hash: u64, mut behind: Behind) -> Turn {
     loop {
         // The ticket's holder always hands something on, even when dropped.
         let handed = match behind.wait_for(Option::is_some).await {
@@ -173,7 +181,7 @@ async fn wait_behind(
         if let Some(met) = handed {
             return Turn::Took(met);
         }
-        match look(store, biz, key, waits, slot, true) {
+        match look(store, biz, key, waits, hash, true) {
             Ok(turn) => return turn,
             Err(Wait::Behind(next)) => behind = next,
             Err(Wait::ForSlot(ticket, behind)) => return wait_for_slot(ticket, behind).await,
@@ -181,10 +189,11 @@ async fn wait_behind(
     }
 }
 
-/// Wait, holding `ticket` and its entry (which `behind` watches), for the claim that
-/// took the slot empty: take what it hands on to the entry, or claim once it ended
-/// without (it was of another key, or had nothing to hand on). Dropped meanwhile, the
-/// ticket hands nothing on, and the callers behind it look again.
+/// Wait, holding `ticket` and its entry (which `behind` watches), for the claim of its
+/// key that took the slot empty: take what it hands on to the entry, or claim once it
+/// ended without (it had nothing to hand on, or was of another key after all).
+/// Dropped meanwhile, the ticket hands nothing on, and the callers behind it look
+/// again.
 async fn wait_for_slot(mut ticket: Ticket, mut behind: Behind) -> Turn {
     ticket.waited = true;
     loop {
@@ -299,7 +308,7 @@ mod tests {
         let mut seen = std::collections::HashMap::new();
         for n in 0.. {
             let key = format!("key-{n}");
-            if let Some(first) = seen.insert(slot_of(store, biz, &key), key.clone()) {
+            if let Some(first) = seen.insert(slot_of(hash_of(&**store, biz, &key)), key.clone()) {
                 return (first, key);
             }
         }
@@ -318,26 +327,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_key_that_hashes_alike_claims_once_the_slots_claim_ends() {
+    async fn a_key_that_hashes_alike_claims_beside_the_slots_claim() {
         let store = Arc::new(MemoryStore::new());
         let (first, second) = alike(&store, "gate-alike");
         let Turn::Claim(holder) = turn(&store, "gate-alike", &first, false).await else {
             panic!("the first caller claims")
         };
+        assert!(
+            matches!(soon(turn(&store, "gate-alike", &second, false)).await, Turn::Claim(_)),
+            "the other key claims while the slot's claim is under way"
+        );
+        drop(holder);
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_claims_once_the_slots_claim_of_its_key_handed_nothing_on() {
+        let store = Arc::new(MemoryStore::new());
+        let Turn::Claim(holder) = turn(&store, "gate-unhanded", "k", false).await else {
+            panic!("the first caller claims")
+        };
         let waiting = tokio::spawn({
-            let (store, second) = (Arc::clone(&store), second.clone());
-            async move { matches!(soon(turn(&store, "gate-alike", &second, false)).await, Turn::Claim(_)) }
+            let store = Arc::clone(&store);
+            async move { matches!(soon(turn(&store, "gate-unhanded", "k", false)).await, Turn::Claim(_)) }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
             !waiting.is_finished(),
-            "the other key claimed while the slot's claim was under way"
+            "the duplicate claimed beside the claim of its key"
         );
-        holder.hand_on((&*store, "gate-alike", &first), claimed);
-        assert!(
-            waiting.await.unwrap(),
-            "the other key claims once the slot's claim ended"
-        );
+        // The claim failed, or its caller went: nothing to hand on.
+        drop(holder);
+        assert!(waiting.await.unwrap(), "the duplicate claims once the claim ended");
     }
 
     #[tokio::test]
@@ -363,20 +383,20 @@ mod tests {
         };
         // A duplicate waits for the slot's claim, which hands its outcome on; the
         // duplicate's caller goes before it took it.
-        let slot = slot_of(&store, "gate-handed", "k");
-        let Err(Wait::ForSlot(gone, _)) = look(&store, "gate-handed", "k", false, slot, false) else {
+        let hash = hash_of(&store, "gate-handed", "k");
+        let Err(Wait::ForSlot(gone, _)) = look(&store, "gate-handed", "k", false, hash, false) else {
             panic!("the duplicate waits for the slot's claim")
         };
         holder.hand_on((&*store, "gate-handed", "k"), claimed);
         // The next caller of the key claims, and opens the key's entry.
-        let Ok(Turn::Claim(next)) = look(&store, "gate-handed", "k", false, slot, false) else {
+        let Ok(Turn::Claim(next)) = look(&store, "gate-handed", "k", false, hash, false) else {
             panic!("the next caller claims")
         };
         drop(gone);
         // The entry is still the next caller's: one more waits behind its claim.
         assert!(
             matches!(
-                look(&store, "gate-handed", "k", false, slot, false),
+                look(&store, "gate-handed", "k", false, hash, false),
                 Err(Wait::Behind(_))
             ),
             "a caller that went took another's entry out of the map"
