@@ -8,15 +8,18 @@ use futures::FutureExt;
 use idem_testkit::harness::failover::Storm;
 use idem_testkit::mutants::{Bug, MutantStore};
 
-/// A storm of 4 tasks × 40 keys on `store`, then its check: the panic's message, if
-/// the check failed.
+/// A storm of 4 workers × 40 keys on `store` (each on a handle of its own, so their
+/// claims of a key meet at the store as separate processes' do), then its check: the
+/// panic's message, if the check failed.
 async fn storm_on(store: MutantStore) -> Option<String> {
-    let op = Arc::new(
-        idem::Idempotent::new("storm")
-            .store(Arc::new(store.clone()))
-            .lease(Duration::from_secs(60)),
-    );
-    let (storm, handles) = Storm::start(op, 4, 40);
+    let worker = || {
+        Arc::new(
+            idem::Idempotent::new("storm")
+                .store(Arc::new(store.clone()))
+                .lease(Duration::from_secs(60)),
+        )
+    };
+    let (storm, handles) = Storm::start_workers((0..4).map(|_| worker()).collect(), 40);
     Storm::join(handles, Duration::from_secs(60)).await;
     let checked = std::panic::AssertUnwindSafe(storm.check(4, 40, "storm", &store))
         .catch_unwind()

@@ -20,6 +20,15 @@ where
     tokio::spawn(call(store.clone(), key.to_owned(), runs.clone()))
 }
 
+/// A handle on `store` of its own, as another process holds one: this process's claim
+/// gate knows a store by its handle, so the calls made through it claim at the store
+/// beside this handle's instead of taking the outcome of their key's claim under way
+/// here. (A [`FaultyStore`](super::faulty::FaultyStore) with no fault planned forwards
+/// every call as it is.)
+fn another_process(store: &Store) -> Store {
+    Arc::new(super::faulty::FaultyStore::new(store))
+}
+
 async fn record(store: &Store, biz: &str, key: &str) -> Option<idem::Record> {
     store.get(biz, key).await.expect("the store answers get")
 }
@@ -86,12 +95,13 @@ pub async fn reject_mode_refuses_duplicates(store: &Store) {
     assert_eq!(runs.count(), 1);
 }
 
-/// Scenario: Concurrent duplicates run once.
+/// Scenario: Concurrent duplicates run once — each on a handle of its own, so that
+/// their claims meet at the store as separate processes' do.
 pub async fn concurrent_duplicates_run_once(store: &Store) {
     let key = unique("storm");
     let runs = Arc::new(Runs::default());
     let calls = (0..64).map(|_| {
-        in_background(store, &key, &runs, |store, key, runs| async move {
+        in_background(&another_process(store), &key, &runs, |store, key, runs| async move {
             pay(&store, &key, &runs, Duration::from_millis(200)).await
         })
     });

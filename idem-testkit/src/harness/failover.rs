@@ -39,7 +39,21 @@ impl Storm {
     /// `tasks` tasks call `keys` keys (`k0`, `k1`, …) through `op`: two tasks start on
     /// each key together, the others meet it later. An error is retried after 50 ms, for
     /// up to a minute per key.
+    ///
+    /// The tasks share `op`'s store handle, so they share this process's claim gate:
+    /// the callers of a key send one claim at a time, and the others take its outcome,
+    /// as one service process's would. To have the store meet their claims at once, as
+    /// it meets those of separate processes, give each its own handle:
+    /// [`start_workers`](Self::start_workers).
     pub fn start(op: Arc<Idempotent>, tasks: usize, keys: usize) -> (Arc<Storm>, Vec<tokio::task::JoinHandle<()>>) {
+        Self::start_workers(vec![op; tasks], keys)
+    }
+
+    /// [`start`](Self::start) with a task for each of `ops`, each through its own
+    /// operation: operations on separate store handles (`Arc::new(store.clone())`
+    /// each) claim at the store as separate processes do.
+    pub fn start_workers(ops: Vec<Arc<Idempotent>>, keys: usize) -> (Arc<Storm>, Vec<tokio::task::JoinHandle<()>>) {
+        let tasks = ops.len();
         let storm = Arc::new(Storm {
             began: Instant::now(),
             attempts: Mutex::default(),
@@ -48,9 +62,11 @@ impl Storm {
             errors: AtomicUsize::new(0),
             failures: Mutex::default(),
         });
-        let handles = (0..tasks)
-            .map(|task| {
-                let (op, storm) = (op.clone(), storm.clone());
+        let handles = ops
+            .into_iter()
+            .enumerate()
+            .map(|(task, op)| {
+                let storm = storm.clone();
                 tokio::spawn(async move {
                     for i in 0..keys {
                         let k = (i + task / 2 * keys / (tasks / 2).max(1)) % keys;
