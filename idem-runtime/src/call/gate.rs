@@ -340,39 +340,43 @@ mod tests {
         drop(holder);
     }
 
-    #[tokio::test]
-    async fn a_duplicate_claims_once_the_slots_claim_of_its_key_handed_nothing_on() {
+    /// The first caller of key `k` of `biz`, holding its ticket, and a duplicate that
+    /// arrives 50 ms later (still waiting then), whose turn `ended` judges.
+    async fn a_claim_and_its_duplicate(
+        biz: &'static str,
+        ended: fn(&Turn) -> bool,
+    ) -> (Arc<MemoryStore>, Ticket, tokio::task::JoinHandle<bool>) {
         let store = Arc::new(MemoryStore::new());
-        let Turn::Claim(holder) = turn(&store, "gate-unhanded", "k", false).await else {
+        let Turn::Claim(holder) = turn(&store, biz, "k", false).await else {
             panic!("the first caller claims")
         };
-        let waiting = tokio::spawn({
+        let duplicate = tokio::spawn({
             let store = Arc::clone(&store);
-            async move { matches!(soon(turn(&store, "gate-unhanded", "k", false)).await, Turn::Claim(_)) }
+            async move { ended(&soon(turn(&store, biz, "k", false)).await) }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(
-            !waiting.is_finished(),
-            "the duplicate claimed beside the claim of its key"
+            !duplicate.is_finished(),
+            "the duplicate did not wait for the claim of its key"
         );
+        (store, holder, duplicate)
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_claims_once_the_slots_claim_of_its_key_handed_nothing_on() {
+        let (_, holder, duplicate) =
+            a_claim_and_its_duplicate("gate-unhanded", |turn| matches!(turn, Turn::Claim(_))).await;
         // The claim failed, or its caller went: nothing to hand on.
         drop(holder);
-        assert!(waiting.await.unwrap(), "the duplicate claims once the claim ended");
+        assert!(duplicate.await.unwrap(), "the duplicate claims once the claim ended");
     }
 
     #[tokio::test]
     async fn a_duplicate_takes_what_the_slots_claim_of_its_key_met() {
-        let store = Arc::new(MemoryStore::new());
-        let Turn::Claim(holder) = turn(&store, "gate-same", "k", false).await else {
-            panic!("the first caller claims")
-        };
-        let waiting = tokio::spawn({
-            let store = Arc::clone(&store);
-            async move { matches!(soon(turn(&store, "gate-same", "k", false)).await, Turn::Took(_)) }
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (store, holder, duplicate) =
+            a_claim_and_its_duplicate("gate-same", |turn| matches!(turn, Turn::Took(_))).await;
         holder.hand_on((&*store, "gate-same", "k"), claimed);
-        assert!(waiting.await.unwrap(), "the duplicate took the claim's outcome");
+        assert!(duplicate.await.unwrap(), "the duplicate took the claim's outcome");
     }
 
     #[tokio::test]
