@@ -64,9 +64,10 @@ pub(super) enum Turn {
 
 /// How many claims are under way here, by a hash of their key, with [`UNLISTED`] set
 /// while one of them took its slot empty: a claim whose slot is empty needs no entry
-/// in [`UNDER_WAY`], so a call without duplicates pays two atomic operations and a
-/// hash, not an allocation and a lock. A claim that finds its slot taken (by its key,
-/// or by another that hashes alike) goes through the map.
+/// in [`UNDER_WAY`], so a call without duplicates pays a hash and four atomic
+/// operations on its slot (take it, name its key in [`HOLDING`], look for duplicates
+/// as it hands on, leave it), not an allocation and a lock. A claim that finds its
+/// slot taken (by its key, or by another that hashes alike) goes through the map.
 static CLAIMING: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
 const SLOTS: usize = 4096;
 /// The bit of a slot's count set while a claim that took the slot empty (with no
