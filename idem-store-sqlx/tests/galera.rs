@@ -565,15 +565,15 @@ async fn a_node_lost_behind_its_address_loses_no_answer() {
     // machine). A claim that committed as node 3 hung, its answer lost with the node,
     // holds its key until its stored lease (the lease plus the clock tolerance) lapses;
     // the nodes judge leases by their clocks on one host, so a second of tolerance does.
-    let op = Arc::new(
-        idem::Idempotent::new(biz.clone())
-            .store(Arc::new(store.clone()))
-            .lease(Duration::from_secs(60))
-            .clock_tolerance(Duration::from_secs(1)),
-    );
     let (tasks, keys) = (8, 1000);
     let started = Instant::now();
-    let (storm, handles) = Storm::start(op, tasks, keys);
+    // Each task on a handle of its own: the callers of a key claim at the cluster.
+    let (storm, handles) = Storm::start_apart(&store, tasks, keys, |handle| {
+        idem::Idempotent::new(biz.clone())
+            .store(handle)
+            .lease(Duration::from_secs(60))
+            .clock_tolerance(Duration::from_secs(1))
+    });
     // Node 3 hangs first (what its clients sent meanwhile is never answered), then dies.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     tokio::task::spawn_blocking(|| galera("pause-node", 3)).await.unwrap();

@@ -224,14 +224,16 @@ async fn storms_through(url: &str, name: &str, change: &str) -> (String, String)
         .await
         .unwrap();
     let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    // The caller waits half a lease for a completion that met the old leader, a task of
-    // its own keeps writing it after that; writes stop for up to `ttl` (10 s) and a bit.
-    let leased_op = Arc::new(Idempotent::new(leased_biz.clone()).store(shared.clone()).lease(LEASE));
-    let tx_op = Arc::new(Idempotent::new(tx_biz.clone()).store(shared.clone()));
+    let tx_op = Arc::new(Idempotent::new(tx_biz.clone()).store(shared));
 
     let old_leader = cluster(&["leader"]).await;
     let started = Instant::now();
-    let (leased, leased_tasks) = Storm::start(leased_op, TASKS, KEYS);
+    // Each leased task on a handle of its own: the callers of a key claim at the server.
+    // The caller waits half a lease for a completion that met the old leader, a task of
+    // its own keeps writing it after that; writes stop for up to `ttl` (10 s) and a bit.
+    let (leased, leased_tasks) = Storm::start_apart(&store, TASKS, KEYS, |handle| {
+        Idempotent::new(leased_biz.clone()).store(handle).lease(LEASE)
+    });
     let (transactional, tx_tasks) = TransactionStorm::start(tx_op, pool.clone(), table);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = (leased.answered(), transactional.answers.lock().unwrap().len());

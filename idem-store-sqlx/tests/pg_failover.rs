@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::failover::Storm;
-use idem::{IdempotencyStore, Idempotent};
+use idem::Idempotent;
 
 const KEYS: usize = 1500;
 const TASKS: usize = 8;
@@ -48,11 +48,11 @@ async fn a_storm_through_a_failover_loses_no_answer_and_runs_nothing_twice() {
     let address = harness::forwarder(target.clone()).await;
     let url = format!("postgres://postgres@127.0.0.1:{address}/postgres");
     let store = harness::postgres_store_across_restarts(&url).await;
-    let shared: Arc<dyn IdempotencyStore> = Arc::new(store.clone());
-    let op = Arc::new(Idempotent::new("failover").store(shared).lease(Duration::from_secs(6)));
-
     let started = Instant::now();
-    let (storm, tasks) = Storm::start(op, TASKS, KEYS);
+    // Each task on a handle of its own: the callers of a key claim at the server.
+    let (storm, tasks) = Storm::start_apart(&store, TASKS, KEYS, |handle| {
+        Idempotent::new("failover").store(handle).lease(Duration::from_secs(6))
+    });
 
     // Mid-storm: the standby stops receiving, then the primary crashes: what the
     // primary wrote in between never reaches the standby. With a synchronous standby

@@ -121,10 +121,11 @@ async fn a_storm_through_the_pooler_runs_each_key_once_and_leaves_nothing_on_the
         conformance::server_url("IDEM_TEST_PGBOUNCER_URL", "PgBouncer").unwrap(),
         stop.clone(),
     ));
-    let shared: Arc<dyn idem::IdempotencyStore> = Arc::new(store.clone());
-    let op = Arc::new(Idempotent::new("pooled").store(shared).lease(Duration::from_secs(10)));
     let started = Instant::now();
-    let (storm, tasks) = Storm::start(op, TASKS, KEYS);
+    // Each task on a handle of its own: the callers of a key claim through the pooler.
+    let (storm, tasks) = Storm::start_apart(&store, TASKS, KEYS, |handle| {
+        Idempotent::new("pooled").store(handle).lease(Duration::from_secs(10))
+    });
     Storm::join(tasks, Duration::from_secs(300)).await;
     let elapsed = started.elapsed();
     stop.store(true, Ordering::SeqCst);

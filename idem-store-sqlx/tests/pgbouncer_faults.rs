@@ -11,7 +11,6 @@ use idem_testkit::harness;
 mod ci;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::failover::Storm;
@@ -51,10 +50,11 @@ async fn storm_through(name: &str, fault: impl std::future::Future<Output = ()>)
         .execute(store.pool())
         .await
         .unwrap();
-    let shared: Arc<dyn idem::IdempotencyStore> = Arc::new(store.clone());
-    let op = Arc::new(Idempotent::new(biz).store(shared).lease(Duration::from_secs(10)));
     let started = Instant::now();
-    let (storm, tasks) = Storm::start(op, TASKS, KEYS);
+    // Each task on a handle of its own: the callers of a key claim through the pooler.
+    let (storm, tasks) = Storm::start_apart(&store, TASKS, KEYS, |handle| {
+        Idempotent::new(biz).store(handle).lease(Duration::from_secs(10))
+    });
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = storm.answered();
     fault.await;

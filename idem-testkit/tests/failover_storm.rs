@@ -1,7 +1,6 @@
 //! The failover storm's check fails a store that runs a body twice, and says how: the
 //! doubled key's attempts, caller by caller. On a correct store it passes.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -12,14 +11,11 @@ use idem_testkit::mutants::{Bug, MutantStore};
 /// claims of a key meet at the store as separate processes' do), then its check: the
 /// panic's message, if the check failed.
 async fn storm_on(store: MutantStore) -> Option<String> {
-    let worker = || {
-        Arc::new(
-            idem::Idempotent::new("storm")
-                .store(Arc::new(store.clone()))
-                .lease(Duration::from_secs(60)),
-        )
-    };
-    let (storm, handles) = Storm::start_workers((0..4).map(|_| worker()).collect(), 40);
+    let (storm, handles) = Storm::start_apart(&store, 4, 40, |handle| {
+        idem::Idempotent::new("storm")
+            .store(handle)
+            .lease(Duration::from_secs(60))
+    });
     Storm::join(handles, Duration::from_secs(60)).await;
     let checked = std::panic::AssertUnwindSafe(storm.check(4, 40, "storm", &store))
         .catch_unwind()

@@ -52,6 +52,7 @@ impl Storm {
     /// [`start`](Self::start) with a task for each of `ops`, each through its own
     /// operation: operations on separate store handles (`Arc::new(store.clone())`
     /// each) claim at the store as separate processes do.
+    /// ([`start_apart`](Self::start_apart) makes such operations.)
     pub fn start_workers(ops: Vec<Arc<Idempotent>>, keys: usize) -> (Arc<Storm>, Vec<tokio::task::JoinHandle<()>>) {
         let tasks = ops.len();
         let storm = Arc::new(Storm {
@@ -76,6 +77,23 @@ impl Storm {
             })
             .collect();
         (storm, handles)
+    }
+
+    /// [`start_workers`](Self::start_workers) with `tasks` operations, each made by `op`
+    /// on a handle of its own of `store` (a clone of it: the same pool or connection,
+    /// another claim gate), so that the callers of a key meet at the store, as separate
+    /// processes' claims do: what a failover storm must put to the store's own claim.
+    pub fn start_apart<S>(
+        store: &S,
+        tasks: usize,
+        keys: usize,
+        op: impl Fn(Arc<dyn IdempotencyStore>) -> Idempotent,
+    ) -> (Arc<Storm>, Vec<tokio::task::JoinHandle<()>>)
+    where
+        S: IdempotencyStore + Clone + 'static,
+    {
+        let ops = (0..tasks).map(|_| Arc::new(op(Arc::new(store.clone())))).collect();
+        Self::start_workers(ops, keys)
     }
 
     async fn call(self: &Arc<Self>, op: &Idempotent, k: usize, token: String) {
