@@ -311,11 +311,12 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
     let (holder, _) = hold(
         "deadline-waits",
         holding,
-        tokio::time::sleep(Duration::from_millis(120)),
+        tokio::time::sleep(Duration::from_millis(100)),
     )
     .await;
     // The schedule reads at 5, 15, 35 and 75 ms, and next at 155 ms: past the waiter's
-    // 150 ms. The read just before its deadline meets the record finished at 120 ms.
+    // 150 ms. The read just before its deadline (at 130 ms) meets the record finished at
+    // 100 ms.
     let waited = wait_on("deadline-waits", waiting, Duration::from_millis(150)).await;
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
     assert_eq!(holder.await.unwrap().unwrap(), "first");
