@@ -42,21 +42,22 @@ async fn a_storm_through_a_failover_runs_every_key_once() {
     use idem::redis;
     use idem::Idempotent;
 
-    let Some(store) = open_dyn().await else { return };
+    let Some(store) = open().await else { return };
     let urls = std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS").unwrap();
     let effects = harness::Effects::open("redis://effects").await;
     let run = conformance::unique("failover");
     let keys = 300;
-    let op = Arc::new(
-        Idempotent::new("cluster.storm")
-            .store(store.clone())
-            .wait(Duration::from_secs(20)),
-    );
     let errors = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let tasks: Vec<_> = (0..12)
         .map(|task| {
-            let (op, effects, run, errors) = (op.clone(), effects.clone(), run.clone(), errors.clone());
+            // Each task on a handle of its own, as separate processes hold them: the
+            // callers of a key claim at the cluster, not one at a time through this
+            // process's claim gate.
+            let op = Idempotent::new("cluster.storm")
+                .store(Arc::new(store.clone()))
+                .wait(Duration::from_secs(20));
+            let (effects, run, errors) = (effects.clone(), run.clone(), errors.clone());
             tokio::spawn(async move {
                 for k in 0..keys {
                     let key = format!("{run}-{k}");

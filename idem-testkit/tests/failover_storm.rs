@@ -43,3 +43,12 @@ async fn a_body_run_twice_fails_the_check_with_its_attempts() {
 async fn a_correct_store_passes_the_check() {
     assert_eq!(storm_on(MutantStore::new(None)).await, None);
 }
+
+/// A store whose clones are one store (an `Arc` of it) would give every worker one claim
+/// gate, and the storm would put nothing to the store's own claim: refused.
+#[tokio::test]
+#[should_panic(expected = "the clones of the store are one store")]
+async fn a_store_whose_clones_are_one_store_is_refused() {
+    let store: std::sync::Arc<dyn idem::IdempotencyStore> = std::sync::Arc::new(idem::MemoryStore::new());
+    let _ = Storm::start_apart(&store, 2, 1, |handle| idem::Idempotent::new("storm").store(handle));
+}

@@ -83,6 +83,11 @@ impl Storm {
     /// on a handle of its own of `store` (a clone of it: the same pool or connection,
     /// another claim gate), so that the callers of a key meet at the store, as separate
     /// processes' claims do: what a failover storm must put to the store's own claim.
+    ///
+    /// # Panics
+    ///
+    /// When the clones of `store` are one store (an `Arc` of one, whose clones forward
+    /// to it): the tasks would share one claim gate.
     pub fn start_apart<S>(
         store: &S,
         tasks: usize,
@@ -92,7 +97,16 @@ impl Storm {
     where
         S: IdempotencyStore + Clone + 'static,
     {
-        let ops = (0..tasks).map(|_| Arc::new(op(Arc::new(store.clone())))).collect();
+        let handles: Vec<Arc<dyn IdempotencyStore>> = (0..tasks).map(|_| Arc::new(store.clone()) as _).collect();
+        // A store whose clones are one store (an `Arc` of one) would give every task
+        // one claim gate: the storm would put nothing to the store's own claim.
+        let instances: std::collections::HashSet<_> = handles.iter().map(|handle| handle.instance()).collect();
+        assert_eq!(
+            instances.len(),
+            tasks,
+            "the clones of the store are one store (an `Arc` of one?): give `start_apart` the store itself"
+        );
+        let ops = handles.into_iter().map(|handle| Arc::new(op(handle))).collect();
         Self::start_workers(ops, keys)
     }
 
