@@ -9,8 +9,8 @@
 //! The reader's schedule starts at a fraction of how long this biz's waits have lasted
 //! (5 ms, then doubling to 100 ms, before any is known) and reads once more
 //! [`DEADLINE_MARGIN`] before the earliest waiter's deadline, so no waiter gives up on
-//! a record that finished before that read. A call of the key that finishes in this process wakes the reader at once;
-//! so does the store's notice where it can give one
+//! a record that finished before that read. A call of the key that finishes in this
+//! process wakes the reader at once; so does the store's notice where it can give one
 //! ([`IdempotencyStore::watch`](crate::IdempotencyStore::watch)): the reader reads once
 //! as soon as the store says it will tell (the record may have finished while its watch
 //! was set up), and then looks on its own only once a second.
