@@ -1,5 +1,6 @@
 //! The PostgreSQL store through a real PgBouncer (`.ci/start-pgbouncer`: Debian's 1.18,
-//! four server connections per database, far fewer than the clients).
+//! four server connections per database, far fewer than the clients, each transaction
+//! given the one idle longest).
 //!
 //! In transaction mode (`?pooler=transaction`) the conformance suite, a storm beside a
 //! neighbour client of the same pooler, and a transactional call; in session mode the
@@ -147,6 +148,65 @@ async fn a_storm_through_the_pooler_runs_each_key_once_and_leaves_nothing_on_the
         "PgBouncer transaction mode: {TASKS} tasks x {KEYS} keys in {elapsed:.1?} on 4 server connections; \
          every body once, every answer recorded; the neighbour client met no statement left behind"
     ));
+}
+
+/// A pooler that hands each transaction the server connection idle longest
+/// (`server_round_robin`, two of them here): a statement the driver sends in two
+/// exchanges outside a transaction (its parse, then its bind and execute) would meet
+/// the other server connection for its second, which never saw the first. One task,
+/// every operation of a call in turn — each runs its statements in a transaction of
+/// its own, on one server connection, and succeeds.
+#[tokio::test]
+async fn every_statement_stays_on_one_server_connection_when_the_pooler_rotates_them() {
+    let Some(url) = conformance::server_url("IDEM_TEST_PGBOUNCER_ROTATING_URL", "PgBouncer") else {
+        return;
+    };
+    let store = PostgresStore::connect(&format!("{url}?pooler=transaction"))
+        .await
+        .expect("connect through PgBouncer")
+        .with_table_name("idem_rotating")
+        .unwrap();
+    store.migrate().await.expect("migrate through PgBouncer");
+    sqlx::raw_sql("TRUNCATE idem_rotating")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    // Both server connections open and idle: two transactions held at once.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut conn = sqlx::PgConnection::connect_with(
+            &url.parse::<sqlx::postgres::PgConnectOptions>()
+                .unwrap()
+                .statement_cache_capacity(0)
+                .extra_float_digits(None),
+        )
+        .await
+        .unwrap();
+        sqlx::Executor::execute(&mut conn, "BEGIN; SELECT 1").await.unwrap();
+        held.push(conn);
+    }
+    for mut conn in held {
+        sqlx::Executor::execute(&mut conn, "COMMIT").await.unwrap();
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let op = Idempotent::new("rotating").store(Arc::new(store.clone()));
+    for n in 0..20 {
+        let key = format!("rotating-{n}");
+        for _ in 0..2 {
+            let runs = runs.clone();
+            let answer: u64 = op
+                .execute(key.clone(), async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, idem::Error>(n)
+                })
+                .await
+                .unwrap_or_else(|e| panic!("call {n} through the rotating pooler: {e}"));
+            assert_eq!(answer, n);
+        }
+        let record = store.get("rotating", &key).await.unwrap().expect("recorded");
+        assert_eq!(record.status, idem::store::Status::Succeeded);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 20, "each key's body ran once");
 }
 
 /// Without `?pooler=transaction` behind a transaction-mode pooler the store's named
