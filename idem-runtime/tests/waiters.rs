@@ -39,6 +39,8 @@ struct Counting {
     /// How long a claim takes beyond a millisecond (a claim on a connection of its own
     /// that the pool must first open).
     claims_slowly: Duration,
+    /// When each read started, on tokio's clock.
+    read_at: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
 impl Counting {
@@ -111,6 +113,7 @@ impl IdempotencyStore for Counting {
     }
     async fn get(&self, biz: &str, key: &str) -> Result<Option<Record>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        self.read_at.lock().unwrap().push(tokio::time::Instant::now());
         let now = self.reading.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_reading.fetch_max(now, Ordering::SeqCst);
         // A read that takes a moment, as a server's does, so reads could overlap.
@@ -319,6 +322,39 @@ async fn a_waiter_reads_once_more_before_its_deadline() {
     // 100 ms.
     let waited = wait_on("deadline-waits", waiting, Duration::from_millis(150)).await;
     assert_eq!(waited.expect("the last read before the deadline answers"), "first");
+    assert_eq!(holder.await.unwrap().unwrap(), "first");
+}
+
+/// The read before a waiter's deadline starts 20 ms before it, on tokio's paused clock
+/// (no timer fires late there): 20 ms for the reader's timer to fire late and the read's
+/// answer to reach the waiter on a loaded host. A holder that outlives the wait; the
+/// schedule reads at 5, 15, 35 and 75 ms, then at 130 ms, and no more.
+#[tokio::test(start_paused = true)]
+async fn the_read_before_the_deadline_starts_twenty_milliseconds_before_it() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let records = MemoryStore::new();
+    let (holding, waiting) = (Counting::on(records.clone()), Counting::on(records));
+    let (holder, _) = hold("margin-waits", holding, tokio::time::sleep(Duration::from_millis(400))).await;
+    let started = tokio::time::Instant::now();
+    let waited = wait_on("margin-waits", waiting.clone(), Duration::from_millis(150)).await;
+    assert!(
+        matches!(waited, Err(Error::InProgress { .. })),
+        "the holder outlives the wait: {waited:?}"
+    );
+    let reads: Vec<Duration> = waiting
+        .read_at
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|at| at.duration_since(started))
+        .collect();
+    // The claim took 1 ms, each read 1 ms: the schedule's reads start at 6, 17, 38 and
+    // 79 ms, the deadline's at 130 ms — once, and none after it.
+    let near_the_deadline: Vec<&Duration> = reads.iter().filter(|at| **at > Duration::from_millis(100)).collect();
+    assert!(
+        matches!(near_the_deadline[..], [at] if *at >= Duration::from_millis(129) && *at <= Duration::from_millis(131)),
+        "one read, 20 ms before the 150 ms deadline: reads at {reads:?}"
+    );
     assert_eq!(holder.await.unwrap().unwrap(), "first");
 }
 

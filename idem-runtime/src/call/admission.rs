@@ -55,7 +55,8 @@ impl Call<'_> {
         fingerprint: Option<&str>,
         admitting: clock::Reading,
     ) -> Result<Admitted<T>, Error> {
-        let deadline = self.op.wait.map(|wait| admitting.monotonic() + wait);
+        // On tokio's clock, as the flight's schedule: a paused test clock moves both.
+        let deadline = self.op.wait.map(|wait| admitting.read() + wait);
         let request = self.op.request_body();
         // The first claim is sent as admission begins, at its reading of the clock when
         // it did not wait at the gate; a later one, when it is sent.
@@ -142,11 +143,11 @@ impl Call<'_> {
     async fn wait_on<T: DeserializeOwned>(
         &self,
         fingerprint: Option<&str>,
-        deadline: Option<Instant>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Result<Waited<T>, Error> {
         let mut seat: Option<Seat> = None;
         loop {
-            let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
+            let Some(deadline) = deadline.filter(|deadline| *deadline > tokio::time::Instant::now()) else {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));
             };
             let seat = seat.get_or_insert_with(|| {

@@ -22,13 +22,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::ops::Bound;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
+// tokio's clock, which a paused test clock moves: a wait's schedule and its deadline
+// follow the same clock as the sleeps that keep them.
+use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::StoreError;
@@ -204,7 +208,7 @@ impl Seat {
 
     /// The flight's next read, or `None` if none comes before the deadline.
     pub(super) async fn next(&mut self) -> Option<Arc<Read>> {
-        match tokio::time::timeout_at(self.deadline.into(), self.reads.changed()).await {
+        match tokio::time::timeout_at(self.deadline, self.reads.changed()).await {
             Ok(Ok(())) => self.reads.borrow_and_update().clone(),
             // The sender lives as long as the flight, which this seat holds.
             Ok(Err(_)) | Err(_) => None,
@@ -384,7 +388,7 @@ impl Reader {
             }
         };
         tokio::select! {
-            () = tokio::time::sleep_until(due.into()) => Woke::Read,
+            () = tokio::time::sleep_until(due) => Woke::Read,
             () = self.shared.recorded_here.notified() => Woke::Read,
             () = noticed => Woke::Read,
             watching = answered => Woke::Watching(watching),
@@ -393,10 +397,10 @@ impl Reader {
     }
 
     /// The earliest deadline of a seated waiter that no read has served yet: one after
-    /// `after`.
+    /// `after` (a read that starts a margin before a deadline serves it).
     fn earliest_deadline(&self, after: Instant) -> Option<Instant> {
         lock(&self.shared.deadlines)
-            .range(after..)
+            .range((Bound::Excluded(after), Bound::Unbounded))
             .next()
             .map(|(deadline, _)| *deadline)
     }
