@@ -49,8 +49,6 @@ pub fn now() -> SystemTime {
 pub(crate) struct Reading {
     at: SystemTime,
     read: tokio::time::Instant,
-    /// The monotonic clock, read with them: a call's admission starts here.
-    monotonic: std::time::Instant,
 }
 
 impl Reading {
@@ -62,7 +60,6 @@ impl Reading {
         Reading {
             at: whole_micros(moved_by_tokio(system, read, monotonic)),
             read,
-            monotonic,
         }
     }
 
@@ -71,15 +68,10 @@ impl Reading {
         self.at
     }
 
-    /// When it was read, on tokio's clock: where a store's steady clock can count from
-    /// instead of reading the clock again.
+    /// When it was read, on tokio's clock: where a store's steady clock, a call's
+    /// admission and its waits count from instead of reading the clock again.
     pub(crate) fn read(&self) -> tokio::time::Instant {
         self.read
-    }
-
-    /// When it was read, on the monotonic clock.
-    pub(crate) fn monotonic(&self) -> std::time::Instant {
-        self.monotonic
     }
 
     /// Now: the instant read, moved on by the time since, in whole microseconds.

@@ -552,7 +552,8 @@ where
             OnUnknown::FailClosed => return Err(log.fail_closed(intent).await),
             OnUnknown::Reconcile(lookup) => lookup,
         };
-        let deadline = std::time::Instant::now() + log.log().lease_for;
+        // On tokio's clock, as the pauses between lookups.
+        let deadline = tokio::time::Instant::now() + log.log().lease_for;
         let mut pause = LOOKUP_FIRST_PAUSE;
         loop {
             // Never beside a live holder: only while this call holds the key.
@@ -573,7 +574,7 @@ where
                 Ok(Lookup::CannotTell) => None,
                 Err(error) => Some(error),
             };
-            let Some(error) = why.filter(|_| std::time::Instant::now() + pause <= deadline) else {
+            let Some(error) = why.filter(|_| tokio::time::Instant::now() + pause <= deadline) else {
                 tracing::warn!(target: "idem", biz = %log.lease().biz, key = %crate::observe::shown_key(&log.lease().key), step = %intent.step,
                     "could not reconcile the step's effect; failing closed");
                 return Err(log.fail_closed(intent).await);

@@ -5,7 +5,9 @@
 //! shows the key free (released, expired, or a lapsed lease), so waiters do not contend
 //! with the holder's writes. `wait` bounds the whole wait, reads included.
 
-use std::time::Instant;
+// tokio's clock, which a paused test clock moves as it moves the store's sleeps and
+// `MemoryStore`'s leases.
+use tokio::time::Instant;
 
 use serde::de::DeserializeOwned;
 
@@ -55,7 +57,6 @@ impl Call<'_> {
         fingerprint: Option<&str>,
         admitting: clock::Reading,
     ) -> Result<Admitted<T>, Error> {
-        // On tokio's clock, as the flight's schedule: a paused test clock moves both.
         let deadline = self.op.wait.map(|wait| admitting.read() + wait);
         let request = self.op.request_body();
         // The first claim is sent as admission begins, at its reading of the clock when
@@ -78,12 +79,12 @@ impl Call<'_> {
                     Turn::Claim(ticket) => {
                         let named = (self.store, self.op.biz.as_ref(), self.key.as_str());
                         let (read, claimed_at) = match first_claim.take() {
-                            Some(admitting) if !ticket.waited() => (admitting, admitting.monotonic()),
+                            Some(admitting) if !ticket.waited() => (admitting, admitting.read()),
                             // Its lease is counted from admission all the same.
-                            Some(admitting) => (clock::Reading::take(), admitting.monotonic()),
+                            Some(admitting) => (clock::Reading::take(), admitting.read()),
                             None => {
                                 let read = clock::Reading::take();
-                                (read, read.monotonic())
+                                (read, read.read())
                             }
                         };
                         let lease = {
@@ -109,12 +110,7 @@ impl Call<'_> {
                         let lease = lease.with_retention(self.op.retention());
                         let granted = Instant::now();
                         if self.lease_ahead(&lease, granted - claimed_at).await? {
-                            observe::claimed(
-                                &self.op.biz,
-                                lease.fence,
-                                lease.took_over(),
-                                granted - admitting.monotonic(),
-                            );
+                            observe::claimed(&self.op.biz, lease.fence, lease.took_over(), granted - admitting.read());
                             return Ok(Admitted::Claimed(Claimed { lease, read, granted }));
                         }
                         // Taken over before the body started: nothing ran; claim again.
@@ -143,11 +139,11 @@ impl Call<'_> {
     async fn wait_on<T: DeserializeOwned>(
         &self,
         fingerprint: Option<&str>,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Option<Instant>,
     ) -> Result<Waited<T>, Error> {
         let mut seat: Option<Seat> = None;
         loop {
-            let Some(deadline) = deadline.filter(|deadline| *deadline > tokio::time::Instant::now()) else {
+            let Some(deadline) = deadline.filter(|deadline| *deadline > Instant::now()) else {
                 return Err(self.error(|biz, key| Error::InProgress { biz, key }));
             };
             let seat = seat.get_or_insert_with(|| {

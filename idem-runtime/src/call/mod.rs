@@ -11,7 +11,7 @@ pub(crate) mod transaction;
 use std::fmt::Display;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -164,7 +164,7 @@ impl Call<'_> {
         };
         // One reading of the clock starts admission and, unless it waits, dates the claim.
         let reading = crate::clock::Reading::take();
-        let admitting = reading.monotonic();
+        let admitting = reading.read();
         let Claimed { lease, read, granted } = match self.admit(fingerprint, reading).await {
             Ok(Admitted::Claimed(claimed)) => claimed,
             Ok(Admitted::Replayed(value)) => {

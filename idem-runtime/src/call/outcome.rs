@@ -17,7 +17,12 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: under a paused test clock the retries' pauses and their bound move
+// together (on the monotonic clock a failing store was retried for the bound's real
+// length, every pause skipped).
+use tokio::time::Instant;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
