@@ -78,19 +78,24 @@ mod session_mode {
     conformance_suite!(session());
 }
 
-/// A neighbour of the store on the same pooler: in one transaction it prepares the
-/// names sqlx gives its statements (`sqlx_s_1`, …) and drops them. A name a store left
-/// on a server connection makes its `PREPARE` fail ("already exists"), as another
-/// client's prepared statements would. Runs until `stop`; the failures it met.
-async fn neighbour(url: String, stop: Arc<AtomicBool>) -> Vec<String> {
-    let mut conn = sqlx::PgConnection::connect_with(
+/// A connection of its own to the pooler at `url`, keeping no statement.
+async fn client_of_the_pooler(url: &str) -> sqlx::PgConnection {
+    sqlx::PgConnection::connect_with(
         &url.parse::<sqlx::postgres::PgConnectOptions>()
             .unwrap()
             .statement_cache_capacity(0)
             .extra_float_digits(None),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// A neighbour of the store on the same pooler: in one transaction it prepares the
+/// names sqlx gives its statements (`sqlx_s_1`, …) and drops them. A name a store left
+/// on a server connection makes its `PREPARE` fail ("already exists"), as another
+/// client's prepared statements would. Runs until `stop`; the failures it met.
+async fn neighbour(url: String, stop: Arc<AtomicBool>) -> Vec<String> {
+    let mut conn = client_of_the_pooler(&url).await;
     let names: Vec<String> = (1..=40).map(|n| format!("sqlx_s_{n}")).collect();
     let prepare: String = names.iter().map(|n| format!("PREPARE {n} AS SELECT 1; ")).collect();
     let script = format!("BEGIN; {prepare}DEALLOCATE ALL; COMMIT");
@@ -174,14 +179,7 @@ async fn every_statement_stays_on_one_server_connection_when_the_pooler_rotates_
     // Both server connections open and idle: two transactions held at once.
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut conn = sqlx::PgConnection::connect_with(
-            &url.parse::<sqlx::postgres::PgConnectOptions>()
-                .unwrap()
-                .statement_cache_capacity(0)
-                .extra_float_digits(None),
-        )
-        .await
-        .unwrap();
+        let mut conn = client_of_the_pooler(&url).await;
         sqlx::Executor::execute(&mut conn, "BEGIN; SELECT 1").await.unwrap();
         held.push(conn);
     }
