@@ -68,7 +68,7 @@ const AFTER_ERROR: Duration = Duration::from_millis(100);
 pub(crate) fn announced(write: String, name: &str) -> String {
     let channel = channel(name);
     // The notice in the write's own `RETURNING`, evaluated for each row written: a
-    // common table expression around the write cost a completion 3–5 µs more (by
+    // common table expression around the write cost a completion 2–5 µs more (by
     // `pgbench` on a durable server).
     format!(
         "{write} RETURNING CASE WHEN watched THEN \
